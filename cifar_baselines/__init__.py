@@ -1,0 +1,1 @@
+"""CIFAR-10 / CIFAR-10-LT baselines on the lungcal calibration toolkit."""

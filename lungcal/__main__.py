@@ -1,0 +1,5 @@
+import sys
+
+from lungcal.cli import main
+
+sys.exit(main())
