@@ -1,0 +1,43 @@
+"""Test-wide settings shared by every package's tests.
+
+- Plots render headless.
+- Anything a test run would write under the project's default ``runs/`` goes to a temporary
+  ``LUNGCAL_HOME`` instead, so the suite never touches a user's store.
+- torch uses at most two threads (CI has two cores).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_lungcal_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("lungcal_home")
+    old = os.environ.get("LUNGCAL_HOME")
+    os.environ["LUNGCAL_HOME"] = str(home)
+    try:
+        import torch
+
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    except ImportError:  # pragma: no cover
+        pass
+    yield home
+    if old is None:
+        os.environ.pop("LUNGCAL_HOME", None)
+    else:
+        os.environ["LUNGCAL_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The read-only ``../shared`` folder beside the checkout (skips when absent)."""
+    if not SHARED.is_dir():
+        pytest.skip(f"../shared is not beside this checkout (looked for {SHARED})")
+    return SHARED
