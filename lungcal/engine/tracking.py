@@ -1,0 +1,359 @@
+"""MLflow tracking shared by the CT bundles and ``cifar_baselines``.
+
+One :class:`RunTracker` is one MLflow run, opened through :class:`mlflow.tracking.MlflowClient`
+(no global fluent state, so two trackers can be open at once: a stage-1 run and its linked
+stage-2 child). The tracking URI defaults to a SQLite store beside the run outputs,
+``sqlite:///<output_dir>/mlflow.db``, with artifacts under ``<output_dir>/mlartifacts``; a team
+server is one ``tracking_uri`` away.
+
+Names (see ``../shared/DESIGN.md``): final metrics ``{split}/{metric}``; tags
+``lungcal.dataset``, ``lungcal.stage1``, ``lungcal.stage2``, ``lungcal.site`` and
+``lungcal.parent_run`` on stage-2 runs.
+
+Privacy: :meth:`RunTracker.log_params` never logs a filesystem path verbatim (a path can carry a
+patient name or ID); it logs a short hash of it instead. Callers log datalists by their ``source``
+name and content hash, never by row contents.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lungcal.errors import TrackingError
+
+__all__ = [
+    "TAG_DATASET",
+    "TAG_STAGE1",
+    "TAG_STAGE2",
+    "TAG_SITE",
+    "TAG_PARENT",
+    "default_output_dir",
+    "default_tracking_uri",
+    "artifact_root_for",
+    "flatten_config",
+    "privacy_filter",
+    "file_digest",
+    "RunTracker",
+]
+
+logger = logging.getLogger(__name__)
+
+TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_SITE, TAG_PARENT = (
+    "lungcal.dataset",
+    "lungcal.stage1",
+    "lungcal.stage2",
+    "lungcal.site",
+    "lungcal.parent_run",
+)
+#: MLflow's own tag that nests a child run under its parent in the UI.
+_MLFLOW_PARENT = "mlflow.parentRunId"
+_MAX_PARAM_LEN = 6000
+_PARAM_BATCH = 100
+_METRIC_BATCH = 1000
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
+_PATH_SUFFIX = re.compile(
+    r"\.(json|csv|tsv|nii|nii\.gz|mha|mhd|nrrd|dcm|pt|pth|npz|npy|db|zip|txt|yaml|yml)$", re.I
+)
+
+
+def default_output_dir() -> Path:
+    """Where a run writes everything by default: ``$LUNGCAL_HOME``, else ``./runs`` (absolute)."""
+    home = os.environ.get("LUNGCAL_HOME")
+    return Path(home).expanduser().resolve() if home else (Path.cwd() / "runs").resolve()
+
+
+def default_tracking_uri(output_dir: str | Path | None = None) -> str:
+    """The default MLflow store: ``sqlite:///<output_dir>/mlflow.db`` (absolute path)."""
+    out = Path(output_dir).expanduser().resolve() if output_dir is not None else default_output_dir()
+    return f"sqlite:///{(out / 'mlflow.db').as_posix()}"
+
+
+def artifact_root_for(tracking_uri: str) -> str | None:
+    """Artifact location for new experiments of a local SQLite store (``<db dir>/mlartifacts``).
+
+    Returns ``None`` for any other URI (a server decides its own artifact store).
+    """
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        if not db.is_absolute():  # "sqlite:///rel.db" is relative in SQLAlchemy
+            db = db.resolve()
+        return (db.parent / "mlartifacts").as_uri()
+    return None
+
+
+def flatten_config(cfg: Mapping, sep: str = ".") -> dict[str, str]:
+    """Flatten a nested config into ``{"a.b.c": "value"}`` strings (lists index as ``a.0``).
+
+    Values are rendered as JSON for containers left empty and ``str`` otherwise; keys are kept in
+    insertion order.
+    """
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, Mapping) and node:
+            for k, v in node.items():
+                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
+        elif isinstance(node, (list, tuple)) and node and not all(_is_scalar(x) for x in node):
+            for i, v in enumerate(node):
+                walk(f"{prefix}{sep}{i}" if prefix else str(i), v)
+        else:
+            if isinstance(node, (list, tuple)):
+                out[prefix] = json.dumps(list(node), default=str)
+            elif isinstance(node, Mapping):
+                out[prefix] = "{}"
+            else:
+                out[prefix] = "None" if node is None else str(node)
+
+    walk("", cfg)
+    return out
+
+
+def _is_scalar(x: Any) -> bool:
+    return x is None or isinstance(x, (bool, int, float, str))
+
+
+def _looks_like_path(value: str) -> bool:
+    if not value or value.startswith("$") or value.startswith("@"):
+        return False
+    if "://" in value and not value.startswith(("sqlite:", "file:")):
+        return False  # a server URL is not patient data
+    return ("/" in value or "\\" in value or value.startswith("~") or bool(_PATH_SUFFIX.search(value)))
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
+
+
+def privacy_filter(params: Mapping[str, str]) -> dict[str, str]:
+    """Replace every path-like value with ``path:<sha256[:12]>`` (paths can carry identifiers).
+
+    Expressions (``$...``) that mention a path are hashed too. Everything else is kept.
+    """
+    out = {}
+    for k, v in params.items():
+        s = str(v)
+        if _looks_like_path(s) or (s.startswith("$") and ("/" in s or "\\" in s)):
+            out[k] = f"path:{_short_hash(s)}"
+        else:
+            out[k] = s
+    return out
+
+
+def file_digest(path: str | Path, n: int = 16) -> str:
+    """Hex SHA-256 of a file's bytes, truncated to ``n`` characters (datalist fingerprints)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:n]
+
+
+def _clean_key(key: str) -> str:
+    return _KEY_BAD.sub("_", str(key))[:250]
+
+
+class RunTracker:
+    """One MLflow run, used as a context manager.
+
+    ``__exit__`` ends the run ``FINISHED``, ``KILLED`` on ``KeyboardInterrupt``, or ``FAILED`` when
+    any other exception escapes (the exception is re-raised).
+
+    Args:
+        experiment: MLflow experiment name (``nlst``, ``cifar10``, ``cifar10lt``); created on first
+            use with artifacts under ``<store dir>/mlartifacts`` for a SQLite store.
+        run_name: explicit run name (never reuse an unfinished run).
+        tracking_uri: MLflow URI; defaults to :func:`default_tracking_uri`. ``sqlite:///`` or a
+            server URL (file stores are rejected by MLflow 3).
+        tags: tags to set at creation (``lungcal.*``; values are strings).
+        parent_run_id: the stage-1 run this run derives from; sets ``lungcal.parent_run`` and
+            MLflow's ``mlflow.parentRunId`` so the UI nests the child run.
+    """
+
+    def __init__(
+        self,
+        experiment: str,
+        run_name: str,
+        *,
+        tracking_uri: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None,
+    ) -> None:
+        from mlflow.entities import RunStatus  # noqa: F401  (import check before anything else)
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        if self.tracking_uri.startswith("sqlite:///"):
+            Path(self.tracking_uri[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        elif not re.match(r"^(https?|databricks|postgresql|mysql|mssql)", self.tracking_uri):
+            raise TrackingError(
+                f"unsupported MLflow tracking URI {self.tracking_uri!r}",
+                field="tracking_uri",
+                fix="use sqlite:///<abs path>/mlflow.db or an http(s):// tracking server",
+            )
+        self.experiment_name = experiment
+        self.run_name = run_name
+        try:
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            self.experiment_id = self._get_or_create_experiment(experiment)
+            all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+            if parent_run_id:
+                all_tags[TAG_PARENT] = parent_run_id
+                all_tags[_MLFLOW_PARENT] = parent_run_id
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+        except TrackingError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any backend failure is a tracking error
+            raise TrackingError(
+                f"cannot open MLflow store {self.tracking_uri!r}: {exc}",
+                field="tracking_uri",
+                fix="check the path is writable or the server reachable",
+            ) from exc
+        self.run_id: str = run.info.run_id
+        self.parent_run_id = parent_run_id
+        self._closed = False
+
+    # ------------------------------------------------------------------ setup
+    def _get_or_create_experiment(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifact_root_for(self.tracking_uri))
+        except Exception:  # another process created it meanwhile
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    # ------------------------------------------------------------------ logging
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Set (or overwrite) string tags on the run."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(_clean_key(k), str(v)) for k, v in tags.items()]
+        if items:
+            self.client.log_batch(self.run_id, tags=items)
+
+    def log_params(self, config: Mapping) -> None:
+        """Log a (nested) config as flattened, privacy-filtered params.
+
+        Path-like values become ``path:<hash>``; values longer than MLflow's limit are truncated.
+        Params are immutable in MLflow: logging the same key twice with a new value fails, so each
+        key should be logged once per run.
+        """
+        from mlflow.entities import Param
+
+        flat = privacy_filter(flatten_config(config))
+        items = [Param(_clean_key(k), v[:_MAX_PARAM_LEN]) for k, v in flat.items()]
+        for i in range(0, len(items), _PARAM_BATCH):
+            self.client.log_batch(self.run_id, params=items[i : i + _PARAM_BATCH])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log numeric metrics (non-numeric values are skipped; NaN is logged as NaN)."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = []
+        for k, v in metrics.items():
+            try:
+                val = float(v)
+            except (TypeError, ValueError):
+                continue
+            items.append(Metric(_clean_key(k), val, ts, int(step or 0)))
+        for i in range(0, len(items), _METRIC_BATCH):
+            self.client.log_batch(self.run_id, metrics=items[i : i + _METRIC_BATCH])
+
+    def log_report(self, split: str, report: Mapping) -> None:
+        """Log a calibration report as ``{split}/{key}`` metrics; string entries become params."""
+        numeric, text = {}, {}
+        for k, v in report.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+                text[f"{split}/{k}"] = str(v)
+            else:
+                numeric[f"{split}/{k}"] = v
+        self.log_metrics(numeric)
+        if text:
+            self.log_params(text)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload one file (or a folder) into the run's artifacts."""
+        p = Path(path)
+        if p.is_dir():
+            self.client.log_artifacts(self.run_id, str(p), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(p), artifact_path)
+
+    def log_figure(self, fig, name: str) -> None:
+        """Save a matplotlib figure as artifact ``name`` (e.g. ``plots/test_reliability.png``) and close it."""
+        import matplotlib.pyplot as plt
+
+        try:
+            self.client.log_figure(self.run_id, fig, name)
+        finally:
+            plt.close(fig)
+
+    def log_dict(self, data: Mapping, name: str) -> None:
+        """Save a mapping as a JSON/YAML artifact named ``name``."""
+        self.client.log_dict(self.run_id, json.loads(json.dumps(data, default=str)), name)
+
+    def log_text(self, text: str, name: str) -> None:
+        """Save a text artifact named ``name``."""
+        self.client.log_text(self.run_id, text, name)
+
+    def log_model(self, model: torch.nn.Module, name: str = "model", extra: Mapping | None = None) -> None:
+        """Log ``{name}/state_dict.pt`` plus ``{name}/architecture.json`` (class, size, ``extra``).
+
+        ``extra`` should hold what is needed to rebuild the module (constructor kwargs).
+        """
+        arch = {
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "n_parameters": int(sum(p.numel() for p in model.parameters())),
+            "repr": repr(model),
+            **({"config": dict(extra)} if extra else {}),
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, Path(tmp) / "state_dict.pt")
+            (Path(tmp) / "architecture.json").write_text(json.dumps(arch, indent=2, default=str))
+            self.client.log_artifacts(self.run_id, tmp, name)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def artifact_uri(self) -> str:
+        """Where this run's artifacts live."""
+        return self.client.get_run(self.run_id).info.artifact_uri
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Terminate the run with ``status`` (FINISHED, FAILED or KILLED); idempotent."""
+        if self._closed:
+            return
+        self.client.set_terminated(self.run_id, status)
+        self._closed = True
+
+    def __enter__(self) -> "RunTracker":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            status = "FINISHED"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        try:
+            self.end(status)
+        except Exception:  # noqa: BLE001 - never mask the original error
+            if exc_type is None:
+                raise
+            logger.exception("could not mark MLflow run %s as %s", self.run_id, status)
+        return False
+
