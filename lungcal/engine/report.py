@@ -1,0 +1,490 @@
+"""The study's comparison report, built from MLflow.
+
+``build_report(experiment)`` reads every finished run of an MLflow experiment, keeps the latest
+run of each (dataset, stage-1 method, stage-2 method) configuration and lays the final
+``{split}/{metric}`` numbers out as the study's table: rows are the stage-1 methods, column
+groups the stage-2 methods (none, TS, LAS), cells ACC, AUC and ECE with their 95% CIs.
+
+* The best-calibrated configuration is marked only when its ECE CI lies wholly below every other
+  configuration's ECE CI (``ece_ci_high`` < every other ``ece_ci_low``); otherwise nothing is
+  marked and the report says so.
+* For CIFAR-10 / CIFAR-10-LT the study's published numbers (``published_results.csv``, shipped in
+  the package) are shown side by side; unknown published cells stay empty.
+* It writes ``report.md``, ``report.csv`` and a self-contained ``report.html`` (reliability
+  diagrams embedded as base64 PNGs, in a stage-1 x stage-2 grid) and logs the three files as
+  artifacts of a run named ``report`` (tag ``lungcal.report=true``) in the same experiment.
+
+Metric values in MLflow are fractions (as :func:`lungcal.calibration.metrics.calibration_report`
+returns them); ACC and ECE are shown in percent, AUC as a fraction.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import math
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from lungcal.errors import ConfigError, TrackingError
+
+__all__ = [
+    "STAGE1_ORDER",
+    "STAGE2_ORDER",
+    "REPORT_TAG",
+    "Cell",
+    "StudyTable",
+    "load_published",
+    "collect_tables",
+    "best_calibrated",
+    "render_markdown",
+    "write_csv",
+    "render_html",
+    "build_report",
+]
+
+TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_SITE, TAG_PARENT = (
+    "lungcal.dataset", "lungcal.stage1", "lungcal.stage2", "lungcal.site", "lungcal.parent_run")
+REPORT_TAG = "lungcal.report"
+
+#: display order of the stage-1 methods (unknown methods follow, sorted)
+STAGE1_ORDER = ("ce", "focal", "focal_adaptive", "mixup", "focal_mixup")
+#: the column groups, in order
+STAGE2_ORDER = ("none", "ts", "las")
+STAGE1_LABEL = {"ce": "CE", "focal": "Focal", "focal_adaptive": "Focal (adaptive γ)", "mixup": "CE+Mixup",
+                "focal_mixup": "Focal+Mixup"}
+STAGE2_LABEL = {"none": "none", "ts": "TS", "las": "LAS"}
+METRICS = ("acc", "auc", "ece")
+PERCENT_METRICS = ("acc", "ece")  # shown ×100
+PUBLISHED_DATASETS = ("cifar10", "cifar10lt")
+
+
+def default_tracking_uri() -> str:
+    """The project's tracking URI (``lungcal.engine.tracking.default_tracking_uri``)."""
+    from lungcal.engine.tracking import default_tracking_uri as _uri
+
+    return _uri()
+
+
+def default_output_dir() -> Path:
+    """The project's output folder (``lungcal.engine.tracking.default_output_dir``)."""
+    from lungcal.engine.tracking import default_output_dir as _out
+
+    return Path(_out())
+
+
+def normalise_stage2(value: str | None) -> str:
+    """Map a ``lungcal.stage2`` tag to one of ``none``/``ts``/``las`` (or the tag lower-cased)."""
+    if value is None or str(value).strip().lower() in ("", "none", "null", "-"):
+        return "none"
+    return str(value).strip().lower()
+
+
+@dataclass
+class Cell:
+    """One configuration's final numbers: ``metrics[name] = (value, ci_low, ci_high)`` (fractions)."""
+
+    dataset: str
+    stage1: str
+    stage2: str
+    run_id: str
+    metrics: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    n_runs: int = 1  # finished runs of this configuration (the latest one is shown)
+
+    def get(self, metric: str) -> tuple[float, float, float]:
+        nan = float("nan")
+        return self.metrics.get(metric, (nan, nan, nan))
+
+
+@dataclass
+class StudyTable:
+    """All cells of one dataset, plus the published numbers for it (percent), if any."""
+
+    dataset: str
+    cells: dict[tuple[str, str], Cell]
+    published: dict[tuple[str, str, str], float] = field(default_factory=dict)
+
+    @property
+    def stage1_methods(self) -> list[str]:
+        found = {s1 for s1, _ in self.cells} | {s1 for s1, _, _ in self.published}
+        return [m for m in STAGE1_ORDER if m in found] + sorted(found - set(STAGE1_ORDER))
+
+    @property
+    def stage2_methods(self) -> list[str]:
+        found = {s2 for _, s2 in self.cells} | {s2 for _, s2, _ in self.published}
+        return [m for m in STAGE2_ORDER if m in found] + sorted(found - set(STAGE2_ORDER))
+
+    @property
+    def has_published(self) -> bool:
+        return bool(self.published)
+
+
+# ------------------------------------------------------------------------------------ data in
+def load_published(path: str | Path | None = None) -> dict[str, dict[tuple[str, str, str], float]]:
+    """Read the published study numbers.
+
+    Args:
+        path: a CSV with columns ``dataset, stage1, stage2, metric, value`` (percent); defaults to
+            the ``published_results.csv`` shipped in this package.
+
+    Returns:
+        ``{dataset: {(stage1, stage2, metric): value}}``.
+    """
+    if path is None:
+        text = resources.files("lungcal.engine").joinpath("published_results.csv").read_text()
+        source = "lungcal/engine/published_results.csv"
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read published results ({exc.strerror})", file=path,
+                              fix="pass an existing CSV with columns dataset,stage1,stage2,metric,value") from exc
+    out: dict[str, dict[tuple[str, str, str], float]] = {}
+    reader = csv.DictReader(io.StringIO(text))
+    needed = {"dataset", "stage1", "stage2", "metric", "value"}
+    if not needed <= set(reader.fieldnames or ()):
+        raise ConfigError("missing columns " + ", ".join(sorted(needed - set(reader.fieldnames or ()))),
+                          file=source, fix="use the header dataset,stage1,stage2,metric,value")
+    for i, row in enumerate(reader):
+        try:
+            value = float(row["value"])
+        except ValueError as exc:
+            raise ConfigError("value is not a number", file=source, row=i, field="value",
+                              fix="write the published number in percent, e.g. 3.60") from exc
+        key = (row["stage1"].strip(), normalise_stage2(row["stage2"]), row["metric"].strip())
+        out.setdefault(row["dataset"].strip(), {})[key] = value
+    return out
+
+
+def _client(tracking_uri: str | None):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
+
+
+def _experiment_id(client, experiment: str) -> str:
+    try:
+        exp = client.get_experiment_by_name(experiment)
+    except Exception as exc:  # unreachable server, bad URI
+        raise TrackingError(f"cannot read MLflow at {client.tracking_uri} ({exc})",
+                            fix="check --tracking-uri, or start the team server") from exc
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise TrackingError(f"no MLflow experiment named '{experiment}' in {client.tracking_uri}",
+                            field="experiment", fix="choose one of: " + (", ".join(names) or "(none yet: run a bundle first)"))
+    return exp.experiment_id
+
+
+def collect_tables(experiment: str, *, tracking_uri: str | None = None, split: str = "test",
+                   published: Mapping[str, Mapping] | None = None) -> list[StudyTable]:
+    """Read the finished runs of ``experiment`` and group them into one table per dataset.
+
+    A run contributes when it is FINISHED, carries a ``lungcal.stage1`` tag and logged
+    ``{split}/ece``; report runs are ignored. Of several runs of the same configuration the most
+    recent one is used (``Cell.n_runs`` counts them).
+    """
+    client = _client(tracking_uri)
+    exp_id = _experiment_id(client, experiment)
+    published = load_published() if published is None else published
+    cells: dict[str, dict[tuple[str, str], Cell]] = {}
+    page_token = None
+    while True:
+        page = client.search_runs([exp_id], filter_string="attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=1000,
+                                  page_token=page_token)
+        for run in page:
+            tags = run.data.tags
+            if tags.get(REPORT_TAG) or TAG_STAGE1 not in tags or f"{split}/ece" not in run.data.metrics:
+                continue
+            dataset = tags.get(TAG_DATASET) or experiment
+            key = (tags[TAG_STAGE1].strip().lower(), normalise_stage2(tags.get(TAG_STAGE2)))
+            table = cells.setdefault(dataset, {})
+            if key in table:  # older run of a configuration already seen
+                table[key].n_runs += 1
+                continue
+            m = run.data.metrics
+            nan = float("nan")
+            table[key] = Cell(dataset, key[0], key[1], run.info.run_id, {
+                name: (m.get(f"{split}/{name}", nan), m.get(f"{split}/{name}_ci_low", nan),
+                       m.get(f"{split}/{name}_ci_high", nan)) for name in METRICS if f"{split}/{name}" in m})
+        page_token = page.token
+        if not page_token:
+            break
+    return [StudyTable(ds, cells[ds], dict(published.get(ds, {}))) for ds in sorted(cells)]
+
+
+def best_calibrated(cells: Iterable[Cell]) -> Cell | None:
+    """The configuration whose ECE CI lies wholly below every other configuration's ECE CI.
+
+    Returns ``None`` when fewer than two configurations have an ECE CI, or when the CI of the
+    lowest-ECE configuration overlaps any other (the difference is then not resolved).
+    """
+    cands = [c for c in cells if "ece" in c.metrics and not any(map(math.isnan, c.metrics["ece"]))]
+    if len(cands) < 2:
+        return None
+    best = min(cands, key=lambda c: c.metrics["ece"][0])
+    hi = best.metrics["ece"][2]
+    if all(hi < c.metrics["ece"][1] for c in cands if c is not best):
+        return best
+    return None
+
+
+# ------------------------------------------------------------------------------------ formatting
+def _fmt(metric: str, triple: tuple[float, float, float]) -> str:
+    v, lo, hi = triple
+    if math.isnan(v):
+        return ""
+    if metric in PERCENT_METRICS:
+        v, lo, hi, f = 100 * v, 100 * lo, 100 * hi, "{:.2f}"
+    else:
+        f = "{:.3f}"
+    s = f.format(v)
+    if not (math.isnan(lo) or math.isnan(hi)):
+        s += " [" + f.format(lo) + ", " + f.format(hi) + "]"
+    return s
+
+
+def _columns(table: StudyTable) -> list[tuple[str, str, str]]:
+    """(stage2, kind, metric) columns; kind is 'ours' or 'published'."""
+    cols = []
+    for s2 in table.stage2_methods:
+        for m in METRICS:
+            cols.append((s2, "ours", m))
+            if table.has_published and m in PERCENT_METRICS and any(
+                    k[1] == s2 and k[2] == m for k in table.published):
+                cols.append((s2, "published", m))
+    return cols
+
+
+def _header(col: tuple[str, str, str]) -> str:
+    s2, kind, m = col
+    unit = " %" if m in PERCENT_METRICS else ""
+    name = m.upper() + unit
+    return f"{STAGE2_LABEL.get(s2, s2)}: {name}" + (" (published)" if kind == "published" else "")
+
+
+def _cell_text(table: StudyTable, s1: str, col: tuple[str, str, str]) -> str:
+    s2, kind, m = col
+    if kind == "published":
+        v = table.published.get((s1, s2, m))
+        return "" if v is None else f"{v:.2f}"
+    cell = table.cells.get((s1, s2))
+    return "" if cell is None else _fmt(m, cell.get(m))
+
+
+def _best_note(table: StudyTable, best: Cell | None) -> str:
+    cands = [c for c in table.cells.values() if "ece" in c.metrics]
+    if best is not None:
+        return (f"Best calibrated: **{STAGE1_LABEL.get(best.stage1, best.stage1)} + "
+                f"{STAGE2_LABEL.get(best.stage2, best.stage2)}** (its ECE 95% CI lies below every other "
+                "configuration's; marked in bold).")
+    if not cands:
+        return "No configuration logged an ECE."
+    low = min(cands, key=lambda c: c.metrics["ece"][0])
+    return (f"No configuration is marked best calibrated: the lowest ECE "
+            f"({STAGE1_LABEL.get(low.stage1, low.stage1)} + {STAGE2_LABEL.get(low.stage2, low.stage2)}, "
+            f"{_fmt('ece', low.get('ece'))} %) has a 95% CI that overlaps another configuration's.")
+
+
+def render_markdown(tables: list[StudyTable], experiment: str, split: str = "test") -> str:
+    """The report as Markdown: one table per dataset, best-calibrated note, published numbers."""
+    lines = [f"# Calibration study report: experiment `{experiment}`", "",
+             f"Split: `{split}`. ACC and ECE in %, AUC as a fraction; 95% bootstrap CIs in brackets. "
+             "Rows: stage-1 method; column groups: stage-2 method.", ""]
+    if not tables:
+        lines.append("No finished runs with final metrics were found.")
+    for table in tables:
+        best = best_calibrated(table.cells.values())
+        cols = _columns(table)
+        lines += [f"## {table.dataset}", "", "| stage 1 | " + " | ".join(_header(c) for c in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for s1 in table.stage1_methods:
+            texts = []
+            for c in cols:
+                t = _cell_text(table, s1, c)
+                if best is not None and c[1] == "ours" and (s1, c[0]) == (best.stage1, best.stage2) and t:
+                    t = f"**{t}**"
+                texts.append(t)
+            lines.append(f"| {STAGE1_LABEL.get(s1, s1)} | " + " | ".join(texts) + " |")
+        lines += ["", _best_note(table, best)]
+        if table.has_published:
+            lines.append("Published columns: the study's reported numbers (empty where not reported).")
+        dup = [c for c in table.cells.values() if c.n_runs > 1]
+        if dup:
+            lines.append("Configurations with several finished runs show the latest: " + ", ".join(
+                f"{c.stage1}/{c.stage2} ({c.n_runs} runs)" for c in dup) + ".")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_csv(tables: list[StudyTable], path: str | Path) -> Path:
+    """One row per configuration (ours, and published-only rows), metrics as fractions, published in %."""
+    path = Path(path)
+    fields = ["dataset", "stage1", "stage2", "run_id"]
+    for m in METRICS:
+        fields += [m, f"{m}_ci_low", f"{m}_ci_high"]
+    fields += ["best_calibrated", "published_acc", "published_ece"]
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for table in tables:
+            best = best_calibrated(table.cells.values())
+            for s1 in table.stage1_methods:
+                for s2 in table.stage2_methods:
+                    cell = table.cells.get((s1, s2))
+                    pub = {m: table.published.get((s1, s2, m)) for m in PERCENT_METRICS}
+                    if cell is None and all(v is None for v in pub.values()):
+                        continue
+                    row = {"dataset": table.dataset, "stage1": s1, "stage2": s2,
+                           "run_id": cell.run_id if cell else "",
+                           "best_calibrated": int(cell is not None and cell is best),
+                           "published_acc": "" if pub["acc"] is None else pub["acc"],
+                           "published_ece": "" if pub["ece"] is None else pub["ece"]}
+                    for m in METRICS:
+                        v = cell.get(m) if cell else (float("nan"),) * 3
+                        for suffix, x in zip(("", "_ci_low", "_ci_high"), v):
+                            row[m + suffix] = "" if math.isnan(x) else repr(float(x))
+                    w.writerow(row)
+    return path
+
+
+def _list_files(client, run_id: str, path: str | None = None, depth: int = 3) -> list[str]:
+    out = []
+    for info in client.list_artifacts(run_id, path):
+        if info.is_dir:
+            if depth > 0:
+                out += _list_files(client, run_id, info.path, depth - 1)
+        else:
+            out.append(info.path)
+    return out
+
+
+def reliability_png(client, run_id: str, split: str = "test") -> bytes | None:
+    """The PNG bytes of a run's reliability diagram artifact (a ``*.png`` whose path mentions
+    ``reliab``; one that also names ``split`` is preferred), or ``None`` if the run has none."""
+    try:
+        files = [p for p in _list_files(client, run_id) if p.lower().endswith(".png") and "reliab" in p.lower()]
+    except Exception:  # artifact store unreachable: the table is still useful
+        return None
+    if not files:
+        return None
+    files.sort(key=lambda p: (split not in p.lower(), len(p)))
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(run_id, files[0], tmp)
+        return Path(local).read_bytes()
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+td.best{font-weight:bold;background:#e7f6e7} td.pub{color:#555;background:#fafafa}
+.grid{display:grid;gap:8px} .grid figure{margin:0;border:1px solid #ddd;padding:4px;text-align:center}
+.grid img{max-width:100%} .grid .empty{color:#999;padding:2em 0}
+"""
+
+
+def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
+                diagrams: Mapping[str, bytes] | None = None) -> str:
+    """A self-contained HTML page: the tables and, per dataset, a stage-1 x stage-2 grid of
+    reliability diagrams (``diagrams[run_id]`` = PNG bytes, embedded as base64)."""
+    diagrams = diagrams or {}
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>lungcal report: {e(experiment)}</title>",
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>Calibration study report: <code>{e(experiment)}</code></h1>",
+             f"<p>Split <code>{e(split)}</code>. ACC and ECE in %, AUC as a fraction; 95% bootstrap CIs in "
+             f"brackets. Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>"]
+    if not tables:
+        parts.append("<p>No finished runs with final metrics were found.</p>")
+    for table in tables:
+        best = best_calibrated(table.cells.values())
+        cols = _columns(table)
+        parts.append(f"<h2>{e(table.dataset)}</h2><table><tr><th>stage 1</th>")
+        parts += [f"<th>{e(_header(c))}</th>" for c in cols]
+        parts.append("</tr>")
+        for s1 in table.stage1_methods:
+            parts.append(f"<tr><td>{e(STAGE1_LABEL.get(s1, s1))}</td>")
+            for c in cols:
+                cls = "pub" if c[1] == "published" else (
+                    "best" if best is not None and (s1, c[0]) == (best.stage1, best.stage2) else "")
+                parts.append(f"<td class='{cls}'>{e(_cell_text(table, s1, c))}</td>")
+            parts.append("</tr>")
+        parts.append("</table>")
+        parts.append(f"<p>{e(_best_note(table, best).replace('**', ''))}</p>")
+        s2s = table.stage2_methods
+        parts.append(f"<h3>Reliability diagrams ({e(table.dataset)}, {e(split)})</h3>"
+                     f"<div class='grid' style='grid-template-columns:repeat({len(s2s)},1fr)'>")
+        for s1 in table.stage1_methods:
+            for s2 in s2s:
+                cell = table.cells.get((s1, s2))
+                label = f"{STAGE1_LABEL.get(s1, s1)} + {STAGE2_LABEL.get(s2, s2)}"
+                png = diagrams.get(cell.run_id) if cell else None
+                if png:
+                    b64 = base64.b64encode(png).decode("ascii")
+                    body = f"<img alt='{e(label)}' src='data:image/png;base64,{b64}'>"
+                else:
+                    body = "<div class='empty'>no diagram</div>"
+                parts.append(f"<figure>{body}<figcaption>{e(label)}</figcaption></figure>")
+        parts.append("</div>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------ entry point
+def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking_uri: str | None = None,
+                 split: str = "test", log_run: bool = True,
+                 published_path: str | Path | None = None) -> dict[str, object]:
+    """Build the study report of one MLflow experiment.
+
+    Args:
+        experiment: the MLflow experiment (``nlst``, ``cifar10``, ``cifar10lt``, ...).
+        out_dir: where to write ``report.md``, ``report.csv`` and ``report.html``; defaults to
+            ``<output_dir>/reports/<experiment>``.
+        tracking_uri: MLflow tracking URI; defaults to the project's SQLite store.
+        split: the split whose final metrics are tabulated.
+        log_run: also log the three files as artifacts of a new ``report`` run.
+        published_path: override the shipped published-results CSV.
+
+    Returns:
+        ``{"markdown": Path, "csv": Path, "html": Path, "run_id": str | None, "tables": [...]}``.
+    """
+    tracking_uri = tracking_uri or default_tracking_uri()
+    tables = collect_tables(experiment, tracking_uri=tracking_uri, split=split,
+                            published=load_published(published_path))
+    out = Path(out_dir) if out_dir is not None else default_output_dir() / "reports" / experiment
+    out.mkdir(parents=True, exist_ok=True)
+    client = _client(tracking_uri)
+    diagrams = {}
+    for table in tables:
+        for cell in table.cells.values():
+            png = reliability_png(client, cell.run_id, split)
+            if png:
+                diagrams[cell.run_id] = png
+    md = out / "report.md"
+    md.write_text(render_markdown(tables, experiment, split))
+    csv_path = write_csv(tables, out / "report.csv")
+    html_path = out / "report.html"
+    html_path.write_text(render_html(tables, experiment, split, diagrams))
+    run_id = None
+    if log_run:
+        exp_id = _experiment_id(client, experiment)
+        run = client.create_run(exp_id, run_name="report", tags={REPORT_TAG: "true", "mlflow.runName": "report"})
+        run_id = run.info.run_id
+        try:
+            client.log_param(run_id, "split", split)
+            client.log_metric(run_id, "report/configurations", sum(len(t.cells) for t in tables))
+            for p in (md, csv_path, html_path):
+                client.log_artifact(run_id, str(p), "report")
+        except BaseException:
+            client.set_terminated(run_id, "FAILED")
+            raise
+        client.set_terminated(run_id, "FINISHED")
+    return {"markdown": md, "csv": csv_path, "html": html_path, "run_id": run_id, "tables": tables}
