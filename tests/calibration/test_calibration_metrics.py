@@ -1,0 +1,202 @@
+"""Metrics against independent oracles: netcal, torchmetrics, scikit-learn, and plain loops."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lungcal.calibration import metrics as M
+from lungcal.errors import DataError
+
+netcal_metrics = pytest.importorskip("netcal.metrics")
+tm = pytest.importorskip("torchmetrics.functional.classification")
+skm = pytest.importorskip("sklearn.metrics")
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@pytest.fixture
+def multiclass():
+    rng = np.random.default_rng(0)
+    p = _softmax(rng.normal(size=(3000, 10)) * 2.5)
+    y = np.where(rng.uniform(size=3000) < 0.6, p.argmax(1), rng.integers(0, 10, 3000))
+    return p, y
+
+
+@pytest.fixture
+def saturated():
+    rng = np.random.default_rng(1)
+    p = _softmax(rng.normal(size=(2000, 5)) * 40.0)  # many rows with confidence exactly 1.0
+    y = np.where(rng.uniform(size=2000) < 0.8, p.argmax(1), rng.integers(0, 5, 2000))
+    assert (p.max(1) == 1.0).sum() > 100
+    return p, y
+
+
+@pytest.mark.parametrize("n_bins", [10, 15])
+@pytest.mark.parametrize("data", ["multiclass", "saturated"])
+def test_ece_equals_netcal(data, n_bins, request):
+    p, y = request.getfixturevalue(data)
+    ref = netcal_metrics.ECE(bins=n_bins).measure(p, y)
+    assert M.ece(p, y, n_bins) == pytest.approx(ref, abs=1e-6)
+    assert M.ece(torch.from_numpy(p), torch.from_numpy(y), n_bins) == pytest.approx(ref, abs=1e-6)
+
+
+def test_ece_equals_torchmetrics_without_confidence_one(multiclass):
+    p, y = multiclass
+    assert (p.max(1) < 1.0).all()
+    for norm in ("l1", "l2", "max"):
+        ref = tm.multiclass_calibration_error(torch.from_numpy(p), torch.from_numpy(y), 10,
+                                              n_bins=15, norm=norm).item()
+        assert M.ece(p, y, 15, norm=norm) == pytest.approx(ref, abs=1e-6)
+
+
+def test_confidence_one_differs_from_torchmetrics_by_design():
+    preds, target = np.array([0.95, 1.0]), np.array([1, 0])
+    ours = M.ece(preds, target, n_bins=10)
+    theirs = tm.binary_calibration_error(torch.tensor(preds), torch.tensor(target), n_bins=10).item()
+    assert ours == pytest.approx(0.475, abs=1e-12)
+    assert theirs == pytest.approx(0.525, abs=1e-6)
+    assert M.ece(preds, target, n_bins=10, mode="positive_class") == pytest.approx(0.475)
+
+
+def test_zero_confidence_goes_to_first_bin():
+    p = np.array([0.0, 0.0, 0.05])
+    r = M.reliability_bins(p, np.array([0, 1, 1]), n_bins=10, mode="positive_class")
+    assert r["count"][0] == 3 and r["count"].sum() == 3
+    assert r["confidence"][0] == pytest.approx(0.05 / 3)
+
+
+def test_bin_edges_are_right_closed():
+    # 0.5 belongs to (0.4, 0.5], not (0.5, 0.6]
+    r = M.reliability_bins(np.array([0.5, 0.6]), np.array([1, 1]), n_bins=10, mode="positive_class")
+    assert r["count"][4] == 1 and r["count"][5] == 1 and r["count"][6] == 0
+
+
+def test_positive_class_mode_and_binary_shapes():
+    rng = np.random.default_rng(3)
+    q = rng.uniform(size=500)
+    y = (rng.uniform(size=500) < q**2).astype(int)
+    # positive_class: reliability of p(y=1) = a loop over bins written out by hand
+    edges = np.linspace(0, 1, 11)
+    gap = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = (q > lo) & (q <= hi) if lo > 0 else (q <= hi)
+        if sel.any():
+            gap += sel.sum() / 500 * abs(q[sel].mean() - y[sel].mean())
+    assert M.ece(q, y, 10, mode="positive_class") == pytest.approx(gap, abs=1e-12)
+    both = np.stack([1 - q, q], 1)
+    assert M.ece(both, y, 10, mode="positive_class") == pytest.approx(gap, abs=1e-12)
+    # top-label on (N,) equals top-label on (N, 2)
+    assert M.ece(q, y, 10) == pytest.approx(M.ece(both, y, 10), abs=1e-12)
+    with pytest.raises(DataError, match="positive_class"):
+        M.ece(np.full((4, 3), 1 / 3), np.zeros(4, int), mode="positive_class")
+
+
+def test_mce_and_l2(multiclass):
+    p, y = multiclass
+    r = M.reliability_bins(p, y, 15)
+    ok = r["count"] > 0
+    gaps = np.abs(r["confidence"][ok] - r["accuracy"][ok])
+    assert M.mce(p, y, 15) == pytest.approx(gaps.max())
+    w = r["count"][ok] / r["count"].sum()
+    assert M.ece(p, y, 15, norm="l2") == pytest.approx(np.sqrt((w * gaps**2).sum()))
+    assert M.ece(p, y, 15) == pytest.approx(r["ece"])
+
+
+def test_adaptive_ece_equal_mass(multiclass):
+    p, y = multiclass
+    conf, hit = p.max(1), (p.argmax(1) == y)
+    order = np.argsort(conf, kind="stable")
+    ref = sum(abs(conf[order][g].sum() - hit[order][g].sum())
+              for g in np.array_split(np.arange(len(conf)), 15)) / len(conf)
+    assert M.adaptive_ece(p, y, 15) == pytest.approx(ref, abs=1e-12)
+
+
+def test_classwise_ece_is_mean_of_per_class_positive_ece(multiclass):
+    p, y = multiclass
+    per = [M.ece(p[:, k], (y == k).astype(int), 15, mode="positive_class") for k in range(10)]
+    assert M.classwise_ece(p, y, 15) == pytest.approx(np.mean(per), abs=1e-12)
+
+
+def test_brier_nll_acc_auc_equal_sklearn(multiclass):
+    p, y = multiclass
+    assert M.nll(p, y) == pytest.approx(skm.log_loss(y, p), rel=1e-9)
+    assert M.accuracy(p, y) == pytest.approx(skm.accuracy_score(y, p.argmax(1)))
+    assert M.auroc(p, y) == pytest.approx(skm.roc_auc_score(y, p, multi_class="ovr"), abs=1e-12)
+    onehot = np.eye(10)[y]
+    assert M.brier_score(p, y) == pytest.approx(((p - onehot) ** 2).sum(1).mean())
+    rng = np.random.default_rng(5)
+    q = np.round(rng.uniform(size=800), 2)  # many ties
+    yb = (rng.uniform(size=800) < q).astype(int)
+    assert M.auroc(q, yb) == pytest.approx(skm.roc_auc_score(yb, q), abs=1e-12)
+    assert M.brier_score(q, yb) == pytest.approx(skm.brier_score_loss(yb, q), abs=1e-12)
+    assert M.nll(q.clip(1e-3, 1 - 1e-3), yb) == pytest.approx(skm.log_loss(yb, q.clip(1e-3, 1 - 1e-3)))
+
+
+def test_auc_single_class_is_nan_not_error():
+    assert np.isnan(M.auroc(np.array([0.2, 0.7]), np.array([1, 1])))
+
+
+def test_inputs_validated():
+    with pytest.raises(DataError, match="softmax"):
+        M.ece(np.array([[2.0, -1.0]]), np.array([0]))
+    with pytest.raises(DataError, match="labels"):
+        M.ece(np.array([[0.5, 0.5]]), np.array([2]))
+    with pytest.raises(DataError, match="rows"):
+        M.ece(np.array([[0.5, 0.5]]), np.array([0, 1]))
+
+
+def test_report_keys_and_point_values(multiclass):
+    p, y = multiclass
+    r = M.calibration_report(p, y, n_bins=15, n_bootstrap=50, seed=1)
+    for k in M.REPORT_METRICS:
+        assert k in r and f"{k}_ci_low" in r and f"{k}_ci_high" in r
+        assert r[f"{k}_ci_low"] <= r[f"{k}_ci_high"]
+    assert r["n"] == 3000 and r["n_bins"] == 15 and r["ece_mode"] == "top_label"
+    assert r["ece"] == M.ece(p, y, 15) and r["auc"] == M.auroc(p, y)
+    assert r["ece_ci_low"] <= r["ece"] <= r["ece_ci_high"]
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_vectorised_bootstrap_equals_loop(binary):
+    rng = np.random.default_rng(7)
+    if binary:
+        p = rng.uniform(size=300)
+        y = (rng.uniform(size=300) < p).astype(int)
+        P = np.stack([1 - p, p], 1)
+    else:
+        P = _softmax(rng.normal(size=(300, 4)) * 2)
+        y = rng.integers(0, 4, 300)
+    idx = rng.integers(0, 300, size=(20, 300))
+    reps = M._bootstrap_replicates(P, y, 10, "top_label", idx)
+    fns = {"acc": M.accuracy, "auc": M.auroc, "brier": M.brier_score, "nll": M.nll,
+           "ece": lambda a, b: M.ece(a, b, 10), "mce": lambda a, b: M.mce(a, b, 10),
+           "adaptive_ece": lambda a, b: M.adaptive_ece(a, b, 10),
+           "classwise_ece": lambda a, b: M.classwise_ece(a, b, 10),
+           "mean_confidence": lambda a, b: a.max(1).mean()}
+    for key, fn in fns.items():
+        loop = np.array([fn(P[i], y[i]) for i in idx])
+        np.testing.assert_allclose(reps[key], loop, atol=1e-10, err_msg=key)
+
+
+def test_bootstrap_single_class_replicates_do_not_crash():
+    # 1 positive in 40: many resamples have no positive -> AUC undefined there, skipped
+    p = np.linspace(0.01, 0.99, 40)
+    y = np.zeros(40, int)
+    y[-1] = 1
+    r = M.calibration_report(p, y, n_bins=10, n_bootstrap=200, seed=0)
+    assert r["auc"] == 1.0 and r["auc_ci_high"] == 1.0
+    assert np.isfinite(r["ece_ci_low"])
+
+
+def test_report_positive_class_mode():
+    rng = np.random.default_rng(2)
+    p = rng.uniform(size=400)
+    y = (rng.uniform(size=400) < p).astype(int)
+    r = M.calibration_report(p, y, n_bins=10, n_bootstrap=20, mode="positive_class")
+    assert r["ece_mode"] == "positive_class"
+    assert r["ece"] == M.ece(p, y, 10, mode="positive_class")
+    assert r["mean_confidence"] == pytest.approx(p.mean())
