@@ -1,0 +1,84 @@
+"""Final evaluation: calibration report with bootstrap CIs, plots and a predictions table.
+
+Nothing here writes an identifier: rows are keyed by the subject *pseudonym* of the datalist.
+"""
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
+
+
+def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
+    """Softmax of ``logits / temperature`` as float64 ``(N, C)``."""
+    t = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
+    return torch.softmax(t / float(temperature), dim=1).numpy()
+
+
+def evaluate_probs(probs, labels, *, n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """``lungcal.calibration.metrics.calibration_report`` on ``(N, C)`` probabilities."""
+    from lungcal.calibration.metrics import calibration_report
+
+    return calibration_report(np.asarray(probs), np.asarray(labels), n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
+
+
+def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, probs,
+                      attention=None, candidates: Sequence[Mapping[str, Any]] | None = None) -> Path:
+    """Write ``subject,label,probability[,top_attention,top_candidate_*]`` rows (atomic).
+
+    ``probability`` is p(cancer) (class 1). ``candidates[i]`` may hold the world coordinates
+    (``world``, mm) and ``score`` of the candidates of CT ``i``, aligned with the attention slots;
+    the most attended candidate's are written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    probs = np.asarray(probs)
+    p1 = probs[:, 1] if probs.ndim == 2 else probs
+    att = None if attention is None else np.asarray(attention)
+    header = ["subject", "label", "probability"]
+    if att is not None:
+        header += ["top_attention", "top_slot"]
+        if candidates is not None:
+            header += ["top_x_mm", "top_y_mm", "top_z_mm", "top_score"]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        for i, subj in enumerate(subjects):
+            row = [subj, int(np.asarray(labels)[i]) if labels is not None else "", f"{p1[i]:.6f}"]
+            if att is not None:
+                j = int(np.argmax(att[i]))
+                row += [f"{att[i, j]:.6f}", j]
+                if candidates is not None:
+                    c = candidates[i]
+                    world = np.asarray(c.get("world", np.zeros((0, 3))))
+                    score = np.asarray(c.get("score", np.zeros(0)))
+                    if j < len(world):
+                        row += [*(f"{v:.2f}" for v in world[j]), f"{score[j]:.4f}"]
+                    else:
+                        row += ["", "", "", ""]
+            w.writerow(row)
+    os.replace(tmp, path)
+    return path
+
+
+def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, n_bins: int,
+              subjects: Sequence[str] | None = None, attention=None, candidates=None,
+              workdir: str | os.PathLike, title: str = "") -> None:
+    """Log a split's report (``{split}/{metric}``), reliability diagram and predictions CSV."""
+    from lungcal.calibration.plots import reliability_diagram
+
+    tracker.log_report(split, report)
+    fig = reliability_diagram(np.asarray(probs), np.asarray(labels), n_bins=n_bins,
+                              title=f"{title} {split}".strip())
+    tracker.log_figure(fig, f"plots/{split}_reliability.png")
+    if subjects is not None:
+        p = write_predictions(Path(workdir) / f"{split}_predictions.csv", subjects, labels, probs, attention, candidates)
+        tracker.log_artifact(p, "predictions")
