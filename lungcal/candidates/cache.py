@@ -1,0 +1,362 @@
+"""On-disk bag cache and the parallel CT -> bag builder.
+
+A cache entry is one ``<sha256>.npz`` file per (source, parameters) pair. The name is the hash
+only: no patient identifier (DICOM/TCIA paths usually contain them) ever reaches a file name.
+The key hashes
+
+- the *source*: the bytes of an image file, or, for a DICOM series folder, the sorted relative
+  file names and the bytes of every file (``source_mode="content"``, the default); with
+  ``source_mode="stat"`` names, sizes and modification times are hashed instead (faster on
+  large real data, but a copied folder is then a cache miss);
+- the resolved parameters: preprocessing (spacing, HU window, margin, extra ``preprocess_ct``
+  keywords), the detector class and all its settings, K and P;
+- :data:`CACHE_VERSION`, bumped whenever the code changes what an entry contains.
+
+Each entry holds ``bag (K, 1, P, P, P)`` float32, ``mask (K,)`` bool, the candidates' ``world``
+(mm), ``voxel``, ``radius_mm`` and ``score`` (the first ``min(N, K)`` candidates, aligned with the
+bag slots), the preprocessed volume's ``affine`` and ``spacing``, ``n_detected`` (all candidates
+the detector returned) and ``meta`` (a JSON string of the version and parameters). Writes are
+atomic: a temporary file in the cache folder, flushed, then ``os.replace``; a failure leaves no
+entry behind.
+
+Default parameters fit the built-in synthetic cohort (about 2.5 mm voxels): ``P = 16`` voxels is
+a 40 mm cube, enough context around nodules up to ~30 mm; ``K = 8`` candidates covers every
+planted nodule with room for false positives, while keeping a bag at 128 KiB.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from lungcal.candidates.bags import extract_bag
+from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.errors import CacheError, ConfigError, DataError
+
+__all__ = ["CACHE_VERSION", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags", "load_bag"]
+
+CACHE_VERSION = "bags-v1"
+_ENTRY_KEYS = ("bag", "mask", "world", "voxel", "radius_mm", "score", "affine", "spacing", "n_detected", "meta")
+
+
+@dataclass(frozen=True)
+class BagParams:
+    """Everything that determines a bag, hence part of the cache key.
+
+    Args:
+        spacing: voxel size in mm after resampling (``preprocess_ct``).
+        hu_window: (low, high) HU window mapped to [0, 1].
+        margin_mm: margin kept around the lungs when cropping.
+        k: bag size K (candidates per CT).
+        patch_size: patch edge P in voxels.
+        detector: keyword arguments of :class:`LoGBlobDetector` (defaults filled in).
+        preprocess: extra keyword arguments passed through to ``preprocess_ct``.
+    """
+
+    spacing: tuple[float, float, float] = (2.5, 2.5, 2.5)
+    hu_window: tuple[float, float] = (-1000.0, 400.0)
+    margin_mm: float = 10.0
+    k: int = 8
+    patch_size: int = 16
+    detector: Mapping[str, Any] = field(default_factory=dict)
+    preprocess: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_any(cls, params: "BagParams | Mapping[str, Any] | None") -> "BagParams":
+        """Accept a ``BagParams``, a mapping of its fields (e.g. from a bundle config) or None."""
+        if params is None:
+            return cls()
+        if isinstance(params, BagParams):
+            return params
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - names)
+        if unknown:
+            raise ConfigError(
+                f"unknown bag parameter(s) {unknown}", field="bag_params",
+                fix=f"use only {sorted(names)}")
+        return cls(**dict(params))
+
+    def make_detector(self) -> LoGBlobDetector:
+        try:
+            return LoGBlobDetector(**dict(self.detector))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"bad detector settings: {e}", field="bag_params.detector",
+                              fix="see lungcal.candidates.detector.LoGBlobDetector for valid keys") from e
+
+    def resolved(self) -> dict[str, Any]:
+        """JSON-able dict with every default filled in (the part of the cache key)."""
+        if self.k < 1 or self.patch_size < 1:
+            raise ConfigError(f"k={self.k} and patch_size={self.patch_size} must be >= 1", field="bag_params",
+                              fix="set positive k and patch_size")
+        det = dataclasses.asdict(self.make_detector())
+        return {
+            "spacing": [float(s) for s in self.spacing],
+            "hu_window": [float(h) for h in self.hu_window],
+            "margin_mm": float(self.margin_mm),
+            "k": int(self.k),
+            "patch_size": int(self.patch_size),
+            "detector": {"class": "LoGBlobDetector", **{k: _jsonable(v) for k, v in det.items()}},
+            "preprocess": {k: _jsonable(v) for k, v in sorted(dict(self.preprocess).items())},
+        }
+
+    def preprocess_kwargs(self) -> dict[str, Any]:
+        return {"spacing": tuple(self.spacing), "hu_window": tuple(self.hu_window),
+                "margin_mm": self.margin_mm, **dict(self.preprocess)}
+
+
+def _jsonable(v):
+    if isinstance(v, (tuple, list, np.ndarray)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    return v
+
+
+def hash_source(path: str | os.PathLike, mode: str = "content") -> str:
+    """sha256 hex digest of an image file or a DICOM series folder.
+
+    ``mode="content"`` hashes bytes (and, for a folder, the sorted relative names); ``"stat"``
+    hashes names, sizes and mtimes only.
+    """
+    if mode not in ("content", "stat"):
+        raise ConfigError(f"unknown source hash mode {mode!r}", field="source_mode", fix="use 'content' or 'stat'")
+    p = Path(path)
+    h = hashlib.sha256()
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        h.update(b"dir\0")
+        for f in files:
+            h.update(str(f.relative_to(p)).encode() + b"\0")
+            _hash_file(h, f, mode)
+    elif p.is_file():
+        h.update(b"file\0")
+        _hash_file(h, p, mode)
+    else:
+        raise FileNotFoundError("image not found")
+    return h.hexdigest()
+
+
+def _hash_file(h, f: Path, mode: str) -> None:
+    if mode == "stat":
+        st = f.stat()
+        h.update(f"{st.st_size}:{st.st_mtime_ns}\0".encode())
+        return
+    with open(f, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    h.update(b"\0")
+
+
+def load_bag(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Load a cache entry (``.npz``, no pickles) into a dict of numpy arrays."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise CacheError(f"unreadable bag cache entry ({e})", file=path,
+                         fix="delete the file; it is rebuilt on the next run") from e
+    missing = [k for k in _ENTRY_KEYS if k not in out]
+    if missing:
+        raise CacheError(f"bag cache entry lacks {missing}", file=path, fix="delete the file; it is rebuilt")
+    meta = json.loads(str(out["meta"]))
+    if meta.get("version") != CACHE_VERSION:
+        raise CacheError(f"bag cache entry has version {meta.get('version')!r}, expected {CACHE_VERSION!r}",
+                         file=path, fix="delete the cache folder; it is rebuilt")
+    return out
+
+
+class BagCache:
+    """A folder of bag entries named ``<sha256>.npz``.
+
+    Args:
+        root: the cache folder (created when needed).
+        source_mode: how sources are hashed (see :func:`hash_source`).
+    """
+
+    suffix = ".npz"
+
+    def __init__(self, root: str | os.PathLike, source_mode: str = "content") -> None:
+        self.root = Path(root)
+        self.source_mode = source_mode
+
+    def key(self, source: str | os.PathLike, params: BagParams | Mapping[str, Any] | None = None) -> str:
+        """Cache key of ``source`` (a file or DICOM folder) under ``params``."""
+        payload = {
+            "version": CACHE_VERSION,
+            "source": hash_source(source, self.source_mode),
+            "params": BagParams.from_any(params).resolved(),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}{self.suffix}"
+
+    def __contains__(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def load(self, key: str) -> dict[str, np.ndarray]:
+        return load_bag(self.path(key))
+
+    def save(self, key: str, entry: Mapping[str, np.ndarray]) -> Path:
+        """Write ``entry`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
+        missing = [k for k in _ENTRY_KEYS if k not in entry]
+        if missing:
+            raise ValueError(f"cache entry lacks {missing}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.path(key)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=self.suffix)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **{k: np.asarray(entry[k]) for k in _ENTRY_KEYS})
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return final
+
+
+def _default_preprocess(path, **kwargs):
+    from lungcal.ct.transforms import preprocess_ct
+
+    return preprocess_ct(path, **kwargs)
+
+
+def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
+                preprocess: Callable[..., Mapping[str, Any]] | None = None) -> dict[str, np.ndarray]:
+    """Preprocess one CT, detect candidates and extract its bag (no caching).
+
+    Returns a cache entry (see the module docstring).
+    """
+    params = BagParams.from_any(params)
+    resolved = params.resolved()
+    out = (preprocess or _default_preprocess)(source, **params.preprocess_kwargs())
+    image, lung = out["image"], out["lung_mask"]
+    affine = np.asarray(image.affine.detach().cpu().numpy() if hasattr(image.affine, "detach") else image.affine,
+                        np.float64) if hasattr(image, "affine") else np.eye(4)
+    spacing = np.linalg.norm(affine[:3, :3], axis=0)
+    cands = params.make_detector().detect(image, lung, spacing, affine)
+    top = cands.top(params.k)
+    bag, mask = extract_bag(image, top.voxel, params.k, params.patch_size)
+    return {
+        "bag": bag, "mask": mask, "world": top.world, "voxel": top.voxel, "radius_mm": top.radius_mm,
+        "score": top.score, "affine": affine, "spacing": spacing, "n_detected": np.int64(len(cands)),
+        "meta": np.asarray(json.dumps({"version": CACHE_VERSION, "params": resolved}, sort_keys=True)),
+    }
+
+
+def _build_one(source: str, params: BagParams, root: str, source_mode: str, preprocess) -> str:
+    cache = BagCache(root, source_mode)
+    key = cache.key(source, params)
+    if key in cache:
+        return str(cache.path(key))
+    entry = compute_bag(source, params, preprocess)
+    return str(cache.save(key, entry))
+
+
+def _init_worker() -> None:  # one BLAS/torch thread per worker process
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except Exception:  # pragma: no cover
+        pass
+
+
+def _describe_failure(e: BaseException, source: str) -> str:
+    text = f"{type(e).__name__}: {e}"
+    # never echo the path (DICOM/TCIA paths contain patient IDs)
+    for s in {source, str(Path(source).resolve()), Path(source).name}:
+        if s:
+            text = text.replace(s, "<image>")
+    return text
+
+
+def build_bags(rows: Sequence[Mapping[str, Any]], params: BagParams | Mapping[str, Any] | None,
+               cache_dir: str | os.PathLike, num_workers: int | None = None, progress: bool = True,
+               source_mode: str = "content",
+               preprocess: Callable[..., Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Build (or reuse) the cached bag of every datalist row, in parallel.
+
+    Args:
+        rows: datalist rows ``{"image", "label", "subject", "site", "split", ...}``.
+        params: :class:`BagParams` or a mapping of its fields.
+        cache_dir: cache folder.
+        num_workers: worker processes (default ``min(4, cpu count)``; 0 runs in-process).
+        progress: show a tqdm bar.
+        source_mode: ``"content"`` or ``"stat"`` source hashing (see :func:`hash_source`).
+        preprocess: replacement for ``lungcal.ct.transforms.preprocess_ct`` (picklable; tests).
+
+    Returns:
+        One dict per row, in order: the row's fields plus ``"bag"``, the cache entry path (load it
+        with :func:`load_bag`).
+
+    Raises:
+        DataError: naming the row index and subject pseudonym (never the path) when a row fails;
+            entries already written stay valid, and no partial entry is left.
+    """
+    params = BagParams.from_any(params)
+    params.resolved()  # validate before spawning anything
+    root = str(Path(cache_dir))
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(rows):
+        if "image" not in r:
+            raise DataError("datalist row has no image", row=i, field="image", fix="add the image path")
+    if num_workers is None:
+        num_workers = min(4, os.cpu_count() or 1)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(rows), desc="bags", unit="CT")
+    paths: list[str | None] = [None] * len(rows)
+
+    def fail(i: int, e: BaseException):
+        subject = rows[i].get("subject", "?")
+        return DataError(f"could not build the bag of subject {subject} ({_describe_failure(e, str(rows[i]['image']))})",
+                         row=i, field="image", fix="check that the image of this datalist row reads as a CT")
+
+    try:
+        if num_workers <= 0 or len(rows) <= 1:
+            for i, r in enumerate(rows):
+                try:
+                    paths[i] = _build_one(str(r["image"]), params, root, source_mode, preprocess)
+                except Exception as e:
+                    raise fail(i, e) from e
+                if bar is not None:
+                    bar.update(1)
+        else:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+            with cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx, initializer=_init_worker) as ex:
+                futs = {ex.submit(_build_one, str(r["image"]), params, root, source_mode, preprocess): i
+                        for i, r in enumerate(rows)}
+                try:
+                    for fut in cf.as_completed(futs):
+                        i = futs[fut]
+                        try:
+                            paths[i] = fut.result()
+                        except Exception as e:
+                            raise fail(i, e) from e
+                        if bar is not None:
+                            bar.update(1)
+                except BaseException:
+                    for f in futs:
+                        f.cancel()
+                    raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return [{**dict(r), "bag": p} for r, p in zip(rows, paths)]

@@ -1,0 +1,193 @@
+"""Multiple-instance models: a CT is a bag of candidate patches with a validity mask.
+
+Contract (docs/architecture.md): ``forward(bags (B, K, 1, P, P, P), mask (B, K) bool) ->
+(logits (B, 2), attention (B, K))``; ``features(bags, mask)`` gives what ``head`` consumes, and
+``head`` is a separate ``nn.Module`` (label-aware smoothing retrains it alone on cached features).
+
+- :class:`AttentionMIL`: instance encoder -> gated attention pooling (Ilse et al. 2018) -> linear
+  2-logit head. ``forward_features`` returns the pooled embedding and the attention separately, so
+  an engine can mix pooled features (feature-space mixup) before calling ``head``.
+- :class:`NoisyORMIL`: leaky noisy-OR (Liao et al. 2019): each instance gets a malignancy
+  probability ``p_i``; ``P(cancer) = 1 - (1 - p_leak) * prod_i (1 - p_i)`` over valid instances,
+  with a learnable leak ``p_leak`` (the "dummy nodule"). Logits are ``(log(1 - P), log P)``, so a
+  softmax gives back ``(1 - P, P)`` exactly; the per-instance ``p_i`` are returned as "attention".
+
+Masked (padding) instances are never encoded: the encoder runs on the valid instances only, so
+their content cannot change any output and BatchNorm statistics ignore them. An all-empty bag gives
+a zero pooled embedding (attention all zero, no NaN), hence the head's bias logits.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GatedAttentionPool", "masked_softmax", "AttentionMIL", "NoisyORHead", "NoisyORMIL", "build_mil_model"]
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax over ``dim`` restricted to ``mask``; masked entries are 0, all-masked rows are all 0."""
+    mask = mask.bool()
+    s = scores.masked_fill(~mask, float("-inf"))
+    m = s.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    e = torch.exp(s - m) * mask
+    return e / e.sum(dim=dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+
+
+def _encode(encoder: nn.Module, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Encode the valid instances of ``bags (B, K, C, ...)`` -> ``(B, K, D)`` (zeros where masked)."""
+    if bags.dim() < 3:
+        raise ValueError(f"bags must be (B, K, C, ...), got shape {tuple(bags.shape)}")
+    b, k = bags.shape[:2]
+    if mask.shape != (b, k):
+        raise ValueError(f"mask must be (B, K) = {(b, k)}, got {tuple(mask.shape)}")
+    mask = mask.bool()
+    flat_mask = mask.reshape(-1)
+    valid = bags.reshape(b * k, *bags.shape[2:])[flat_mask]
+    d = encoder.embed_dim
+    h = bags.new_zeros(b * k, d)
+    if valid.shape[0] > 0:
+        h = h.index_put((flat_mask.nonzero(as_tuple=True)[0],), encoder(valid).to(h.dtype))
+    return h.reshape(b, k, d)
+
+
+class GatedAttentionPool(nn.Module):
+    """Gated attention pooling (Ilse, Tomczak & Welling 2018), honouring a validity mask.
+
+    ``a_k = w^T (tanh(V h_k) * sigmoid(U h_k))``; attention = masked softmax of ``a`` over the bag;
+    pooled ``z = sum_k attention_k h_k``.
+    """
+
+    def __init__(self, in_dim: int, attn_dim: int = 64, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.V = nn.Linear(in_dim, attn_dim)
+        self.U = nn.Linear(in_dim, attn_dim)
+        self.w = nn.Linear(attn_dim, 1)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h (B, K, D)``, ``mask (B, K)`` -> ``(pooled (B, D), attention (B, K))``."""
+        a = self.w(self.dropout(torch.tanh(self.V(h)) * torch.sigmoid(self.U(h)))).squeeze(-1)
+        att = masked_softmax(a, mask, dim=1)
+        return torch.einsum("bk,bkd->bd", att, h), att
+
+
+class AttentionMIL(nn.Module):
+    """Encoder -> gated attention pooling -> linear head with ``num_classes`` (2) logits."""
+
+    def __init__(self, encoder: nn.Module, pool: nn.Module | None = None, head: nn.Module | None = None,
+                 num_classes: int = 2, dropout: float = 0.0) -> None:
+        super().__init__()
+        d = encoder.embed_dim
+        self.encoder = encoder
+        self.pool = pool if pool is not None else GatedAttentionPool(d)
+        self.dropout = nn.Dropout(dropout)
+        self.head = head if head is not None else nn.Linear(d, num_classes)
+        self.embed_dim = d
+
+    def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Instance embeddings ``(B, K, D)`` (zeros for masked slots)."""
+        return _encode(self.encoder, bags, mask)
+
+    def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pooled (B, D), attention (B, K))``; ``head(pooled)`` gives the logits."""
+        return self.pool(self.encode(bags, mask), mask)
+
+    def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Pooled CT-level embedding ``(B, D)``, the input of ``head``."""
+        return self.forward_features(bags, mask)[0]
+
+    def forward(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z, att = self.forward_features(bags, mask)
+        return self.head(self.dropout(z)), att
+
+
+class NoisyORHead(nn.Module):
+    """Leaky noisy-OR over instances: features ``(B, K, D + 1)`` (embedding + validity flag) -> logits.
+
+    Returns ``(logits (B, 2), instance_probs (B, K))`` when called via :meth:`forward_with_probs`;
+    ``forward`` returns the logits only, so it can stand where a plain head is expected.
+    """
+
+    def __init__(self, in_dim: int, leak_init: float = 0.01, instance_prior: float = 0.05) -> None:
+        super().__init__()
+        self.instance = nn.Linear(in_dim, 1)
+        # start from small instance probabilities, so a bag of K candidates is not certain cancer
+        nn.init.constant_(self.instance.bias, float(torch.logit(torch.tensor(instance_prior))))
+        self.leak_logit = nn.Parameter(torch.logit(torch.tensor(float(leak_init))))
+
+    def forward_with_probs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, valid = feats[..., :-1], feats[..., -1] > 0.5
+        s = self.instance(h).squeeze(-1)  # instance logits (B, K)
+        log_not = (F.logsigmoid(-s) * valid).sum(dim=1) + F.logsigmoid(-self.leak_logit)  # log(1 - P)
+        log_p = _log1mexp(log_not)  # log P
+        probs = torch.sigmoid(s) * valid
+        return torch.stack([log_not, log_p], dim=1), probs
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_probs(feats)[0]
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 - exp(x))`` for ``x < 0``, numerically stable (Maechler 2012)."""
+    x = x.clamp(max=-1e-7)
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+class NoisyORMIL(nn.Module):
+    """Leaky noisy-OR MIL (Liao et al. 2019) with the :class:`AttentionMIL` forward contract.
+
+    ``features(bags, mask)`` returns ``(B, K, D + 1)``: instance embeddings with the validity flag
+    appended, so that ``head(features)`` alone reproduces the logits (LAS head retraining works
+    unchanged). The "attention" output holds the per-instance probabilities ``p_i`` (0 if masked).
+    """
+
+    def __init__(self, encoder: nn.Module, head: NoisyORHead | None = None, leak_init: float = 0.01) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.embed_dim = encoder.embed_dim
+        self.head = head if head is not None else NoisyORHead(encoder.embed_dim, leak_init)
+
+    def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return _encode(self.encoder, bags, mask)
+
+    def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.encode(bags, mask)
+        return torch.cat([h, mask.to(h.dtype).unsqueeze(-1)], dim=-1)
+
+    def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.features(bags, mask)
+        return f, self.head.forward_with_probs(f)[1]
+
+    def forward(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head.forward_with_probs(self.features(bags, mask))
+
+
+def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: int = 64, patch_size: int = 16,
+                    attn_dim: int = 64, dropout: float = 0.0, num_classes: int = 2, **encoder_kwargs) -> nn.Module:
+    """Build a MIL model.
+
+    Args:
+        encoder: ``"small"`` (CPU default) or ``"resnet10"`` (MONAI).
+        head: ``"attention"`` (gated attention + linear head) or ``"noisy_or"``.
+        embed_dim: instance embedding size D.
+        patch_size: patch edge P (checked against the encoder; any P >= 8 works).
+        attn_dim: hidden size of the attention gate.
+        dropout: dropout on the attention gate and before the head (attention head only).
+        num_classes: logits of the attention head (2; noisy-OR is binary by construction).
+    """
+    from lungcal.errors import ConfigError
+    from lungcal.mil.encoders import InstanceEncoder
+
+    if patch_size < 8:
+        raise ConfigError(f"patch_size={patch_size} is too small", field="patch_size", fix="use patch_size >= 8")
+    enc = InstanceEncoder(encoder, embed_dim=embed_dim, **encoder_kwargs)
+    if head == "attention":
+        return AttentionMIL(enc, GatedAttentionPool(embed_dim, attn_dim, dropout), num_classes=num_classes,
+                            dropout=dropout)
+    if head in ("noisy_or", "noisyor"):
+        if num_classes != 2:
+            raise ConfigError("the noisy-OR head is binary", field="num_classes", fix="use num_classes=2")
+        return NoisyORMIL(enc)
+    raise ConfigError(f"unknown MIL head {head!r}", field="head", fix="use 'attention' or 'noisy_or'")

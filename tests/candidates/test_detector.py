@@ -1,0 +1,116 @@
+"""LoGBlobDetector: planted blobs, world coordinates, NMS, empty inputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lungcal.candidates.detector import Candidates, Detector, LoGBlobDetector, voxel_to_world, world_to_voxel
+
+
+def _phantom(shape, spacing, blobs, noise=0.02, seed=0, background=0.15):
+    """Volume in [0, 1]: dark parenchyma + noise + bright soft spheres (centre vox, radius mm)."""
+    rng = np.random.default_rng(seed)
+    vol = np.full(shape, background, np.float32) + rng.normal(0, noise, shape).astype(np.float32)
+    g = np.indices(shape).astype(np.float32)
+    for (cx, cy, cz), r in blobs:
+        d = np.sqrt(((g[0] - cx) * spacing[0]) ** 2 + ((g[1] - cy) * spacing[1]) ** 2
+                    + ((g[2] - cz) * spacing[2]) ** 2)
+        vol += 0.6 / (1 + np.exp(np.clip((d - r) / 0.6, -50, 50)))
+    return np.clip(vol, 0, 1)
+
+
+BLOBS = [((20, 24, 14), 6.0), ((44, 40, 26), 3.5), ((30, 46, 10), 9.0)]
+SPACING = (2.0, 1.8, 2.5)
+SHAPE = (64, 64, 36)
+
+
+def _mask():
+    m = np.zeros(SHAPE, bool)
+    m[4:60, 4:60, 3:33] = True
+    return m
+
+
+def test_protocol_and_planted_blobs_found_first():
+    det = LoGBlobDetector(top_k=10)
+    assert isinstance(det, Detector)
+    vol = _phantom(SHAPE, SPACING, BLOBS)
+    c = det.detect(torch.from_numpy(vol)[None], torch.from_numpy(_mask())[None], SPACING, np.diag([*SPACING, 1.0]))
+    assert isinstance(c, Candidates) and 3 <= len(c) <= 10
+    assert np.all(np.diff(c.score) <= 0)
+    top3 = c.voxel[:3]
+    for centre, r in BLOBS:
+        d_mm = np.sqrt((((top3 - np.asarray(centre)) * SPACING) ** 2).sum(1))
+        j = int(np.argmin(d_mm))
+        assert d_mm[j] <= 2.6, (centre, top3)
+        assert c.radius_mm[j] == pytest.approx(r, rel=0.45)
+    # the largest blob gets the largest radius estimate among the three
+    d_big = np.sqrt((((top3 - np.asarray(BLOBS[2][0])) * SPACING) ** 2).sum(1))
+    assert c.radius_mm[np.argmin(d_big)] == c.radius_mm[:3].max()
+
+
+def test_world_coordinates_follow_a_rotated_affine():
+    vol = _phantom(SHAPE, SPACING, BLOBS)
+    theta = np.deg2rad(30)
+    rot = np.array([[np.cos(theta), -np.sin(theta), 0], [np.sin(theta), np.cos(theta), 0], [0, 0, 1]])
+    affine = np.eye(4)
+    affine[:3, :3] = rot @ np.diag(SPACING) @ np.diag([-1, -1, 1])  # LPS-like flip, then rotation
+    affine[:3, 3] = [120.0, -35.5, -400.25]
+    c = LoGBlobDetector(top_k=5).detect(vol, _mask(), SPACING, affine)
+    expect = np.stack([rot @ (np.diag(SPACING) @ np.diag([-1, -1, 1]) @ v) + affine[:3, 3] for v in c.voxel])
+    np.testing.assert_allclose(c.world, expect, atol=1e-9)
+    np.testing.assert_allclose(world_to_voxel(c.world, affine), c.voxel, atol=1e-9)
+    np.testing.assert_allclose(voxel_to_world(c.voxel, affine), c.world)
+
+
+def test_nms_merges_a_blob_into_one_candidate_and_respects_min_distance():
+    vol = _phantom(SHAPE, SPACING, [((32, 32, 18), 10.0)], noise=0.0)
+    c = LoGBlobDetector(top_k=10, threshold=0.05).detect(vol, np.ones(SHAPE, bool), SPACING, np.eye(4))
+    assert len(c) >= 1
+    # no two candidates closer than min_distance (or their radii sum)
+    pos = c.voxel * np.asarray(SPACING)
+    d = np.sqrt(((pos[:, None] - pos[None]) ** 2).sum(-1))
+    reach = np.maximum(5.0, c.radius_mm[:, None] + c.radius_mm[None])
+    off = ~np.eye(len(c), dtype=bool)
+    assert np.all(d[off] >= reach[off] - 1e-9)
+    near = np.sqrt((((c.voxel - [32, 32, 18]) * SPACING) ** 2).sum(1)) < 10
+    assert near.sum() == 1
+
+
+def test_top_k_and_threshold():
+    vol = _phantom(SHAPE, SPACING, BLOBS)
+    assert len(LoGBlobDetector(top_k=2).detect(vol, _mask(), SPACING, np.eye(4))) == 2
+    assert len(LoGBlobDetector(top_k=0).detect(vol, _mask(), SPACING, np.eye(4))) == 0
+    hi = LoGBlobDetector(top_k=50, threshold=10.0).detect(vol, _mask(), SPACING, np.eye(4))
+    assert len(hi) == 0 and hi.voxel.shape == (0, 3) and hi.world.shape == (0, 3)
+
+
+def test_empty_mask_and_flat_volume_give_no_candidates():
+    vol = _phantom(SHAPE, SPACING, BLOBS)
+    c = LoGBlobDetector().detect(vol, np.zeros(SHAPE, bool), SPACING, np.eye(4))
+    assert len(c) == 0 and c.radius_mm.shape == (0,) and c.score.shape == (0,)
+    flat = np.full(SHAPE, 0.1, np.float32)
+    assert len(LoGBlobDetector().detect(flat, _mask(), SPACING, np.eye(4))) == 0
+
+
+def test_blobs_outside_the_lung_are_ignored_but_juxtapleural_kept():
+    # blob A well outside the mask, blob B just across the mask border (juxtapleural)
+    vol = _phantom(SHAPE, SPACING, [((10, 32, 18), 5.0), ((40, 32, 18), 5.0)], noise=0.0)
+    mask = np.zeros(SHAPE, bool)
+    mask[22:60, 4:60, 3:33] = True
+    mask[37:44, 28:37, 14:23] = False  # the nodule is cut out of a threshold-based lung mask
+    c = LoGBlobDetector(top_k=5).detect(vol, mask, SPACING, np.eye(4))
+    assert len(c) >= 1
+    d_a = np.sqrt((((c.voxel - [10, 32, 18]) * SPACING) ** 2).sum(1))
+    d_b = np.sqrt((((c.voxel - [40, 32, 18]) * SPACING) ** 2).sum(1))
+    assert d_b.min() <= 2.6
+    assert d_a.min() > 8.0
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError):
+        LoGBlobDetector().detect(np.zeros((8, 8, 8)), np.zeros((8, 8, 9)), (1, 1, 1), np.eye(4))
+    with pytest.raises(ValueError):
+        LoGBlobDetector(radii_mm=())
+    with pytest.raises(ValueError):
+        Candidates(np.zeros((2, 3)), np.zeros((2, 3)), np.ones(2), np.array([0.1, 0.5]))
