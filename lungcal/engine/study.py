@@ -1,0 +1,359 @@
+"""The study runner: a grid of dataset x stage-1 method x stage-2 method, run through the bundles.
+
+Each stage-1 bundle (``bundles/{dataset}_{stage1}.json``) trains, evaluates and records two
+runs: stage 2 ``none`` and its linked ``ts`` run. The LAS bundle (``bundles/{dataset}_las.json``)
+retrains the head of a finished stage-1 run (passed as an override). The runner therefore plans
+*jobs*: one stage-1 job per (dataset, stage-1 method) that yields ``none`` and ``ts``, and one LAS
+job per (dataset, stage-1 method) that needs the stage-1 run.
+
+Resume: a job's identity is a short hash of (dataset, stage-1 method, bundle overrides, preset),
+its *study key*. When a job finishes, the runner tags the runs it produced with
+``lungcal.study_key`` (and ``lungcal.study_preset``). A configuration whose FINISHED run carries
+the same study key and the expected ``lungcal.stage1``/``lungcal.stage2`` tags is skipped, so an
+interrupted study continues where it stopped and a study with other settings does not reuse it.
+
+Bundles run as subprocesses (``python -m monai.bundle run --config_file ... --key value``) from
+the project root, so ``%`` macros resolve as on the command line and a crash in one job cannot
+take the study down; each job's output goes to ``<output_dir>/study_logs/``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from lungcal.errors import ConfigError
+
+__all__ = [
+    "DATASETS",
+    "STAGE1_METHODS",
+    "STAGE2_METHODS",
+    "TAG_STUDY_KEY",
+    "DatasetSpec",
+    "Job",
+    "JobResult",
+    "StudyPlan",
+    "plan_study",
+    "print_plan",
+    "run_study",
+    "bundle_command",
+    "subprocess_runner",
+    "inprocess_runner",
+]
+
+TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_PARENT = (
+    "lungcal.dataset", "lungcal.stage1", "lungcal.stage2", "lungcal.parent_run")
+TAG_STUDY_KEY = "lungcal.study_key"
+TAG_STUDY_PRESET = "lungcal.study_preset"
+
+STAGE1_METHODS = ("ce", "focal", "mixup", "focal_mixup")
+STAGE2_METHODS = ("none", "ts", "las")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How the study drives one dataset's bundles.
+
+    Attributes:
+        name: ``nlst``, ``cifar10`` or ``cifar10lt``; also the MLflow experiment.
+        stage1_bundle: file name pattern of the stage-1 bundles, with ``{stage1}``.
+        las_bundle: file name of the LAS bundle.
+        las_parent_key: the LAS bundle's override key that takes the stage-1 run id.
+        presets: ``{"reduced": overrides, "full": overrides}``.
+        accepts_datalist: whether ``--datalist`` is passed to its bundles.
+    """
+
+    name: str
+    stage1_bundle: str
+    las_bundle: str
+    las_parent_key: str
+    presets: Mapping[str, Mapping[str, object]]
+    accepts_datalist: bool = False
+
+    @property
+    def experiment(self) -> str:
+        return self.name
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "nlst": DatasetSpec(
+        "nlst", "nlst_{stage1}.json", "nlst_las.json", "parent_run",
+        presets={"reduced": {"epochs": 4}, "full": {}}, accepts_datalist=True),
+    "cifar10": DatasetSpec(
+        "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "parent_run",
+        presets={"reduced": {"epochs": 15}, "full": {}}),
+    "cifar10lt": DatasetSpec(
+        "cifar10lt", "cifar10lt_{stage1}.json", "cifar10lt_las.json", "parent_run",
+        presets={"reduced": {"epochs": 15}, "full": {}}),
+}
+
+
+@dataclass
+class Job:
+    """One bundle invocation of the plan.
+
+    ``produces`` lists the stage-2 methods whose runs this job records (``["none", "ts"]`` for a
+    stage-1 job, ``["las"]`` for a LAS job); ``missing`` those not yet FINISHED in MLflow.
+    """
+
+    dataset: str
+    stage1: str
+    kind: str  # "stage1" | "las"
+    bundle: Path
+    overrides: dict[str, object]
+    study_key: str
+    produces: list[str]
+    missing: list[str]
+    preset: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset}/{self.stage1}/{'+'.join(self.produces)}"
+
+    @property
+    def skip(self) -> bool:
+        return not self.missing
+
+
+@dataclass
+class StudyPlan:
+    jobs: list[Job]
+    tracking_uri: str
+    output_dir: Path
+    project_dir: Path
+    runner: Callable[[Path, Mapping[str, object], Path, Path], int] | None = None
+
+
+@dataclass
+class JobResult:
+    job: Job
+    status: str  # "skipped" | "finished" | "failed"
+    run_ids: list[str] = field(default_factory=list)
+    log: Path | None = None
+    message: str = ""
+
+
+def study_key(dataset: str, stage1: str, overrides: Mapping[str, object], preset: str) -> str:
+    """A short stable hash of what defines a stage-1 configuration's runs (not the stage-2 method)."""
+    blob = json.dumps({"dataset": dataset, "stage1": stage1, "preset": preset,
+                       "overrides": {k: str(v) for k, v in sorted(overrides.items())}}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _finished_runs(client, experiment: str, key: str) -> list:
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id],
+                              filter_string=f"attributes.status = 'FINISHED' and tags.`{TAG_STUDY_KEY}` = '{key}'",
+                              order_by=["attributes.start_time DESC"], max_results=500)
+
+
+def _stage2_of(run) -> str:
+    from lungcal.engine.report import normalise_stage2
+
+    return normalise_stage2(run.data.tags.get(TAG_STAGE2))
+
+
+def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, stage2: Sequence[str] | None = None,
+               preset: str = "reduced", overrides: Mapping[str, object] | None = None, datalist: str | None = None,
+               tracking_uri: str | None = None, bundle_dir: str | Path | None = None,
+               output_dir: str | Path | None = None, force: bool = False) -> StudyPlan:
+    """Plan the grid and mark what MLflow already holds.
+
+    Args:
+        datasets: keys of :data:`DATASETS`.
+        stage1: stage-1 methods (default :data:`STAGE1_METHODS`).
+        stage2: stage-2 methods among ``none``, ``ts``, ``las`` (default all).
+        preset: ``reduced`` (CPU-friendly) or ``full`` (the bundles' own schedule).
+        overrides: extra bundle overrides, applied after the preset (``epochs=3``, ...).
+        datalist: a datalist JSON for the CT bundles (``nlst``); default: the synthetic cohort.
+        tracking_uri: MLflow URI given to every bundle and searched for finished runs.
+        bundle_dir: folder of the bundle JSONs (default ``./bundles``).
+        output_dir: where job logs go (default: the project's output folder).
+        force: plan every job even when its runs exist.
+
+    Raises:
+        ConfigError: unknown dataset/method/preset, or a bundle file missing.
+    """
+    from mlflow.tracking import MlflowClient
+
+    from lungcal.engine.tracking import default_output_dir, default_tracking_uri
+
+    stage1 = list(stage1 or STAGE1_METHODS)
+    stage2 = list(stage2 or STAGE2_METHODS)
+    unknown = [d for d in datasets if d not in DATASETS]
+    if unknown:
+        raise ConfigError(f"unknown dataset(s) {unknown}", field="--datasets", fix=f"choose from {sorted(DATASETS)}")
+    bad2 = [m for m in stage2 if m not in STAGE2_METHODS]
+    if bad2:
+        raise ConfigError(f"unknown stage-2 method(s) {bad2}", field="--stage2", fix=f"choose from {list(STAGE2_METHODS)}")
+    if preset not in ("reduced", "full"):
+        raise ConfigError(f"unknown preset {preset!r}", field="--preset", fix="use reduced or full")
+    project_dir = Path.cwd()
+    bdir = Path(bundle_dir) if bundle_dir else project_dir / "bundles"
+    out = Path(output_dir) if output_dir else default_output_dir()
+    uri = tracking_uri or default_tracking_uri(out)
+    client = MlflowClient(tracking_uri=uri)
+    jobs: list[Job] = []
+    for ds in datasets:
+        spec = DATASETS[ds]
+        for s1 in stage1:
+            ov: dict[str, object] = dict(spec.presets[preset])
+            if datalist and spec.accepts_datalist:
+                ov["datalist"] = str(Path(datalist).resolve())
+            ov.update(overrides or {})
+            key = study_key(ds, s1, ov, preset)
+            done = set() if force else {_stage2_of(r) for r in _finished_runs(client, spec.experiment, key)}
+            s1_bundle = bdir / spec.stage1_bundle.format(stage1=s1)
+            if not s1_bundle.is_file():
+                raise ConfigError("bundle not found", file=s1_bundle, field="--stage1",
+                                  fix=f"check the method name ({', '.join(STAGE1_METHODS)}) or --bundle-dir")
+            s1_products = [m for m in ("none", "ts") if m in stage2]
+            # LAS needs the stage-1 run, so a LAS-only request still plans stage 1 if absent
+            needs_s1 = bool(s1_products) or ("las" in stage2 and "none" not in done)
+            if needs_s1:
+                produces = s1_products or ["none"]
+                jobs.append(Job(ds, s1, "stage1", s1_bundle, ov, key, produces,
+                                [m for m in produces if m not in done], preset))
+            if "las" in stage2:
+                las_bundle = bdir / spec.las_bundle
+                if not las_bundle.is_file():
+                    raise ConfigError("LAS bundle not found", file=las_bundle, field="--stage2",
+                                      fix="drop 'las' from --stage2 or add the bundle")
+                jobs.append(Job(ds, s1, "las", las_bundle, ov, key, ["las"],
+                                [] if "las" in done else ["las"], preset))
+    return StudyPlan(jobs, uri, out, project_dir)
+
+
+def print_plan(plan: StudyPlan, file=None) -> None:
+    """Print one line per job: run or skip, bundle and overrides."""
+    file = file or sys.stdout
+    todo = sum(not j.skip for j in plan.jobs)
+    print(f"study plan: {len(plan.jobs)} jobs, {todo} to run, {len(plan.jobs) - todo} already finished "
+          f"(tracking {plan.tracking_uri})", file=file)
+    for j in plan.jobs:
+        state = "skip" if j.skip else "run "
+        ov = " ".join(f"--{k} {v}" for k, v in j.overrides.items())
+        print(f"  [{state}] {j.label:<28} {j.bundle.name} {ov}".rstrip(), file=file)
+
+
+def subprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path) -> int:
+    """Run a bundle as ``python -m monai.bundle run`` in ``cwd``, output to ``log``; the exit code."""
+    with log.open("w") as fh:
+        return subprocess.call(bundle_command(bundle, overrides), cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path) -> int:
+    """Run a bundle with ``monai.bundle.run`` in this process (faster start; no isolation).
+
+    The traceback of a failure goes to ``log``; returns 0 or 1.
+    """
+    import traceback
+
+    from monai.bundle import run
+
+    old = Path.cwd()
+    try:
+        os.chdir(cwd)
+        run(config_file=str(bundle), **dict(overrides))
+        log.write_text(f"{bundle}: finished\n")
+        return 0
+    except Exception:  # noqa: BLE001 - a failing job is recorded, the study goes on
+        log.write_text(traceback.format_exc())
+        return 1
+    finally:
+        os.chdir(old)
+
+
+def bundle_command(bundle: Path, overrides: Mapping[str, object]) -> list[str]:
+    """The ``python -m monai.bundle run`` command line of a bundle with overrides."""
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", str(bundle)]
+    for k, v in overrides.items():
+        cmd += [f"--{k}", v if isinstance(v, str) else json.dumps(v)]
+    return cmd
+
+
+def _tag_new_runs(client, experiment: str, job: Job, since_ms: int) -> list[str]:
+    """Tag the FINISHED runs this job produced (started after ``since_ms``) with its study key."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id],
+                              filter_string=f"attributes.status = 'FINISHED' and tags.`{TAG_STAGE1}` = '{job.stage1}' "
+                                            f"and attributes.start_time >= {since_ms}",
+                              order_by=["attributes.start_time DESC"], max_results=100)
+    ids = []
+    for r in runs:
+        if _stage2_of(r) in job.produces and TAG_STUDY_KEY not in r.data.tags:
+            client.set_tag(r.info.run_id, TAG_STUDY_KEY, job.study_key)
+            client.set_tag(r.info.run_id, TAG_STUDY_PRESET, job.preset)
+            ids.append(r.info.run_id)
+    return ids
+
+
+def run_study(plan: StudyPlan, progress: bool = True) -> list[JobResult]:
+    """Run the plan's jobs in order (stage 1 before its LAS job), with a tqdm progress bar.
+
+    A failing job is recorded and the study goes on (its LAS job is then skipped); the log path is
+    printed. Returns one :class:`JobResult` per job.
+    """
+    from mlflow.tracking import MlflowClient
+    from tqdm.auto import tqdm
+
+    client = MlflowClient(tracking_uri=plan.tracking_uri)
+    logs = plan.output_dir / "study_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    runner = plan.runner or subprocess_runner
+    results: list[JobResult] = []
+    failed_s1: set[tuple[str, str]] = set()
+    bar = tqdm(plan.jobs, desc="study", unit="job", disable=not progress)
+    for job in bar:
+        bar.set_postfix_str(job.label)
+        if job.skip:
+            results.append(JobResult(job, "skipped", message="finished run in MLflow"))
+            continue
+        if job.kind == "las" and (job.dataset, job.stage1) in failed_s1:
+            results.append(JobResult(job, "failed", message="its stage-1 job failed"))
+            continue
+        ov = dict(job.overrides)
+        ov["tracking_uri"] = plan.tracking_uri
+        if job.kind == "las":
+            parents = [r for r in _finished_runs(client, DATASETS[job.dataset].experiment, job.study_key)
+                       if _stage2_of(r) == "none"]
+            if not parents:
+                results.append(JobResult(job, "failed", message="no finished stage-1 run to start LAS from"))
+                continue
+            ov[DATASETS[job.dataset].las_parent_key] = parents[0].info.run_id
+        log = logs / f"{job.dataset}_{job.stage1}_{job.kind}_{job.study_key}.log"
+        since = int(time.time() * 1000) - 1000
+        rc = runner(job.bundle, ov, plan.project_dir, log)
+        ids = _tag_new_runs(client, DATASETS[job.dataset].experiment, job, since) if rc == 0 else []
+        missing = [m for m in job.missing if m not in {_stage2_of(client.get_run(i)) for i in ids}]
+        if rc != 0 or missing:
+            msg = f"exit code {rc}" if rc else f"no finished run for {missing}"
+            tqdm.write(f"study: {job.label} failed ({msg}); see {log}", file=sys.stderr)
+            if job.kind == "stage1":
+                failed_s1.add((job.dataset, job.stage1))
+            results.append(JobResult(job, "failed", ids, log, msg))
+        else:
+            results.append(JobResult(job, "finished", ids, log))
+    n = {s: sum(r.status == s for r in results) for s in ("finished", "skipped", "failed")}
+    print(f"study: {n['finished']} finished, {n['skipped']} skipped, {n['failed']} failed; "
+          f"report: lungcal report --experiment {' / '.join(sorted({j.dataset for j in plan.jobs}))}"
+          + (f" --tracking-uri {plan.tracking_uri}" if plan.tracking_uri else ""))
+    return results
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """``scripts/run_study.py``: the same as ``lungcal study``."""
+    from lungcal.cli import main as cli_main
+
+    return cli_main(["study", *(argv if argv is not None else sys.argv[1:])])

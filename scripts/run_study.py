@@ -1,0 +1,14 @@
+#!/usr/bin/env python
+"""Run the calibration study grid through the bundles (same as ``lungcal study``).
+
+Example::
+
+    python scripts/run_study.py --datasets nlst --preset reduced --dry-run
+    python scripts/run_study.py --datasets cifar10 cifar10lt --preset full
+"""
+import sys
+
+from lungcal.engine.study import main
+
+if __name__ == "__main__":
+    sys.exit(main())

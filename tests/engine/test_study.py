@@ -1,0 +1,128 @@
+"""The study runner on tiny fake bundles (real MONAI bundle configs that only log MLflow runs)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lungcal.engine.study import (
+    TAG_STUDY_KEY,
+    bundle_command,
+    inprocess_runner,
+    plan_study,
+    print_plan,
+    run_study,
+)
+from lungcal.errors import ConfigError
+
+
+def _tracker(stage2: str, parent: str | None = None) -> dict:
+    t = {"_target_": "lungcal.engine.tracking.RunTracker", "experiment": "nlst",
+         "run_name": f"$'fake_' + @stage1 + '_{stage2}'", "tracking_uri": "@tracking_uri",
+         "tags": {"lungcal.dataset": "synthetic", "lungcal.stage1": "@stage1", "lungcal.stage2": stage2}}
+    if parent:
+        t["parent_run_id"] = parent
+    return t
+
+
+def _stage1_bundle(method: str, fail: bool = False) -> dict:
+    run = ["$1 / 0"] if fail else [
+        "$@s1.log_params({'epochs': @epochs})",
+        "$@s1.log_report('test', {'ece': 0.2, 'ece_ci_low': 0.1, 'ece_ci_high': 0.3})",
+        "$@s1.end()",
+        "$@ts.log_report('test', {'ece': 0.05, 'ece_ci_low': 0.01, 'ece_ci_high': 0.09})",
+        "$@ts.end()",
+    ]
+    return {"tracking_uri": "sqlite:///unused.db", "epochs": 100, "stage1": method,
+            "s1": _tracker("none"), "ts": _tracker("ts", "$@s1.run_id"), "run": run}
+
+
+LAS_BUNDLE = {"tracking_uri": "sqlite:///unused.db", "epochs": 100, "parent_run": None,
+              "client": {"_target_": "mlflow.tracking.MlflowClient", "tracking_uri": "@tracking_uri"},
+              "stage1": "$@client.get_run(@parent_run).data.tags['lungcal.stage1']",
+              "las": _tracker("las", "@parent_run"),
+              "run": ["$@las.log_report('test', {'ece': 0.04})", "$@las.end()"]}
+
+
+@pytest.fixture
+def bundles(tmp_path):
+    d = tmp_path / "bundles"
+    d.mkdir()
+    (d / "nlst_ce.json").write_text(json.dumps(_stage1_bundle("ce")))
+    (d / "nlst_focal.json").write_text(json.dumps(_stage1_bundle("focal", fail=True)))
+    (d / "nlst_las.json").write_text(json.dumps(LAS_BUNDLE))
+    return d
+
+
+def _plan(bundles, uri, tmp_path, **kw):
+    plan = plan_study(["nlst"], stage1=kw.pop("stage1", ["ce", "focal"]), tracking_uri=uri, bundle_dir=bundles,
+                      output_dir=tmp_path / "out", **kw)
+    plan.runner = inprocess_runner
+    return plan
+
+
+def test_study_runs_resumes_and_reports_failures(bundles, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    plan = _plan(bundles, uri, tmp_path)
+    assert [(j.stage1, j.kind, j.produces, j.skip) for j in plan.jobs] == [
+        ("ce", "stage1", ["none", "ts"], False), ("ce", "las", ["las"], False),
+        ("focal", "stage1", ["none", "ts"], False), ("focal", "las", ["las"], False)]
+    assert plan.jobs[0].overrides == {"epochs": 4}  # the reduced preset
+
+    results = run_study(plan, progress=False)
+    assert [r.status for r in results] == ["finished", "finished", "failed", "failed"]
+    assert "ZeroDivisionError" in results[2].log.read_text()
+    assert results[3].message == "its stage-1 job failed"
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("nlst")
+    runs = {r.data.tags["lungcal.stage2"]: r for r in client.search_runs([exp.experiment_id])
+            if r.data.tags.get("lungcal.stage1") == "ce"}
+    assert set(runs) == {"none", "ts", "las"}
+    assert all(r.info.status == "FINISHED" and r.data.tags[TAG_STUDY_KEY] == plan.jobs[0].study_key
+               for r in runs.values())
+    assert runs["none"].data.params["epochs"] == "4"  # preset reached the bundle
+    assert runs["las"].data.tags["lungcal.parent_run"] == runs["none"].info.run_id
+
+    # resume: the ce configurations are skipped, focal is planned again
+    again = _plan(bundles, uri, tmp_path)
+    assert [j.skip for j in again.jobs] == [True, True, False, False]
+    print_plan(again)
+    out = capsys.readouterr().out
+    assert "4 jobs, 2 to run, 2 already finished" in out and "[skip] nlst/ce/none+ts" in out
+    # other settings are another configuration: nothing is reused
+    other = _plan(bundles, uri, tmp_path, overrides={"epochs": 2})
+    assert not any(j.skip for j in other.jobs) and other.jobs[0].overrides == {"epochs": 2}
+    # --force replans everything
+    assert not any(j.skip for j in _plan(bundles, uri, tmp_path, force=True).jobs)
+
+
+def test_stage2_subsets_and_errors(bundles, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    plan = _plan(bundles, uri, tmp_path, stage1=["ce"], stage2=["las"])
+    assert [(j.kind, j.produces) for j in plan.jobs] == [("stage1", ["none"]), ("las", ["las"])]
+    plan = _plan(bundles, uri, tmp_path, stage1=["ce"], stage2=["ts"])
+    assert [(j.kind, j.produces) for j in plan.jobs] == [("stage1", ["ts"])]
+    with pytest.raises(ConfigError, match="nlst_mixup.json"):
+        _plan(bundles, uri, tmp_path, stage1=["mixup"])
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        plan_study(["imagenet"], tracking_uri=uri, bundle_dir=bundles)
+    with pytest.raises(ConfigError, match="stage-2"):
+        _plan(bundles, uri, tmp_path, stage2=["platt"])
+
+
+def test_bundle_command_and_cli_dry_run(bundles, tmp_path, capsys):
+    cmd = bundle_command(bundles / "nlst_ce.json", {"epochs": 3, "datalist": "/d/site.json"})
+    assert cmd[1:5] == ["-m", "monai.bundle", "run", "--config_file"]
+    assert cmd[-4:] == ["--epochs", "3", "--datalist", "/d/site.json"]
+    from lungcal.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'cli.db'}"
+    rc = main(["study", "--stage1", "ce", "--stage2", "none", "ts", "--bundle-dir", str(bundles),
+               "--tracking-uri", uri, "--dry-run", "-o", "epochs=1"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "1 jobs, 1 to run" in out and "--epochs 1" in out
+    assert main(["study", "-o", "epochs", "--bundle-dir", str(bundles), "--tracking-uri", uri]) == 2
