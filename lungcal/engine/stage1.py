@@ -285,6 +285,12 @@ def _calibration_metric(n_bins: int):
     return CalibrationMetrics(n_bins=n_bins, output_transform=from_engine(["pred", "label"]))
 
 
+def _has_calibration_handlers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("lungcal.calibration.handlers") is not None
+
+
 def build_evaluator(network: nn.Module, loader, *, device, n_bins: int = 10,
                     handlers: Sequence | None = None):
     """A ``SupervisedEvaluator`` whose key metric is ``val_auc`` with ``CalibrationMetrics`` beside it."""
@@ -297,7 +303,7 @@ def build_evaluator(network: nn.Module, loader, *, device, n_bins: int = 10,
         prepare_batch=MILPrepareBatch(),
         iteration_update=MILEvalStep(),
         key_val_metric={"val_auc": _auc_metric()},
-        additional_metrics={"val_cal": _calibration_metric(n_bins)},
+        additional_metrics={"val_cal": _calibration_metric(n_bins)} if _has_calibration_handlers() else None,
         val_handlers=list(handlers or []),
         amp=False,
     )

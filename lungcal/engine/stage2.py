@@ -43,7 +43,9 @@ def fit_temperature(val_logits, val_labels):
     labels = _as_tensor(val_labels, torch.long)
     if logits.ndim != 2 or logits.shape[0] != labels.shape[0]:
         raise ValueError(f"expected logits (N, C) and labels (N,), got {tuple(logits.shape)} and {tuple(labels.shape)}")
-    return TemperatureScaler().fit(logits, labels)
+    # softmax(z / T) is invariant to a per-row shift of z: centre each row so that a weak model's
+    # genuine logits (all inside [0, 1]) are not mistaken for probabilities by the scaler's guard.
+    return TemperatureScaler().fit(logits - logits.mean(dim=1, keepdim=True), labels)
 
 
 def class_counts_from_labels(labels, num_classes: int) -> list[int]:

@@ -143,8 +143,6 @@ def _summary_lines(title: str, items: Sequence[tuple[str, Mapping[str, Any]]], o
     lines.append(f"  stored under  {output_dir}")
     lines.append(f"  MLflow runs   {', '.join(run_ids)}")
     ui = f"mlflow ui --backend-store-uri {tracking_uri}"
-    if tracking_uri.startswith("sqlite:///"):
-        ui += f" --default-artifact-root {T.artifact_root_for(tracking_uri)}"
     lines.append(f"  open with     {ui}")
     return "\n".join(lines)
 
