@@ -1,0 +1,330 @@
+"""Reading chest CT into a MONAI ``MetaTensor`` of Hounsfield units.
+
+:func:`load_ct` is the one entry point. It returns ``(1, X, Y, Z)`` float32 HU in RAS orientation
+with ``.affine`` / ``.pixdim`` in millimetres, from
+
+* a DICOM series folder (:class:`DicomSeriesReader`, pydicom; compressed transfer syntaxes are
+  decoded by the pylibjpeg plugins: JPEG lossless, JPEG 2000, RLE);
+* NIfTI (``.nii``, ``.nii.gz``), MetaImage (``.mhd``, ``.mha``) and NRRD (``.nrrd``, ``.nhdr``)
+  (:class:`SimpleITKReader`; MONAI's ``ITKReader`` needs the ``itk`` package, which we do not use).
+
+Both readers are MONAI :class:`~monai.data.ImageReader` s and return RAS affines (DICOM and ITK
+are LPS; the first two rows are negated), so they plug into ``LoadImage`` like MONAI's own.
+
+How a DICOM folder is read (real exports are messy):
+
+1. every file under the folder (recursively) is parsed once (pixel data decoded later, only for
+   the chosen series); files that are not DICOM at
+   all (no ``DICM`` preamble, e.g. ``DICOMDIR`` or a README) are skipped, but a ``.dcm`` file that
+   cannot be parsed is a :class:`~lungcal.errors.DataError` naming the file;
+2. files are grouped by ``SeriesInstanceUID``; scouts/localizers (``ImageType``), secondary
+   captures (SOP class ``1.2.840.10008.5.1.4.1.1.7*``), non-CT modalities and non-axial series
+   are dropped. A missing ``Modality`` tag is tolerated;
+3. the axial CT series with the most slices wins; its slices are sorted by
+   ``ImagePositionPatient`` projected on the slice normal (never by file name or InstanceNumber);
+   duplicated positions keep the first instance;
+4. a gap (a step > 1.5x the median step) is a ``DataError`` unless ``allow_gaps=True``; uneven
+   steps (and allowed gaps) are resampled linearly along the normal onto a uniform grid at the
+   median step;
+5. pixel data is decoded per slice and rescaled with that slice's ``RescaleSlope`` /
+   ``RescaleIntercept``. A truncated or corrupt file is a ``DataError`` naming the file.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from monai.data import ImageReader, MetaTensor
+from monai.transforms import Orientation
+
+from lungcal.errors import DataError
+
+__all__ = [
+    "load_ct",
+    "DicomSeriesReader",
+    "SimpleITKReader",
+    "ITK_SUFFIXES",
+    "is_dicom_dir",
+    "read_dicom_series",
+]
+
+log = logging.getLogger(__name__)
+
+ITK_SUFFIXES = (".nii", ".nii.gz", ".mhd", ".mha", ".nrrd", ".nhdr")
+_SECONDARY_CAPTURE = "1.2.840.10008.5.1.4.1.1.7"
+_SKIP_IMAGE_TYPES = {"LOCALIZER", "SCOUT", "SECONDARY"}
+_LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+def _single(data: Sequence[os.PathLike] | os.PathLike | str) -> Path:
+    if isinstance(data, (str, os.PathLike)):
+        return Path(data)
+    data = list(data)
+    if len(data) != 1:
+        raise ValueError(f"one CT per call, got {len(data)} paths")
+    return Path(data[0])
+
+
+def _meta(affine_ras: np.ndarray, shape: Sequence[int]) -> dict[str, Any]:
+    return {
+        "affine": affine_ras.copy(),
+        "original_affine": affine_ras.copy(),
+        "spatial_shape": np.asarray(shape),
+        "original_channel_dim": "no_channel",
+        "space": "RAS",
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# SimpleITK: NIfTI, MetaImage, NRRD
+# --------------------------------------------------------------------------------------------
+class SimpleITKReader(ImageReader):
+    """MONAI ``ImageReader`` backed by SimpleITK for NIfTI, MHD/MHA and NRRD volumes.
+
+    ``get_data`` returns the voxel array as ``(X, Y, Z)`` float32 and a meta dict whose ``affine``
+    is RAS (SimpleITK reports LPS; we negate the first two rows).
+    """
+
+    def verify_suffix(self, filename: Sequence[os.PathLike] | os.PathLike) -> bool:
+        names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
+        return all(str(n).lower().endswith(ITK_SUFFIXES) for n in names)
+
+    def read(self, data: Sequence[os.PathLike] | os.PathLike, **kwargs):
+        import SimpleITK as sitk
+
+        path = _single(data)
+        if not path.is_file():
+            raise DataError("image file not found", file=path, fix="check the path in the datalist")
+        try:
+            return sitk.ReadImage(str(path))
+        except RuntimeError as exc:  # SimpleITK raises RuntimeError for unreadable files
+            first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else "unreadable"
+            raise DataError(f"cannot read image ({first})", file=path,
+                            fix="re-export the file or remove it from the datalist") from None
+
+    def get_data(self, img) -> tuple[np.ndarray, dict]:
+        import SimpleITK as sitk
+
+        if img.GetDimension() != 3 or img.GetNumberOfComponentsPerPixel() != 1:
+            raise DataError(f"expected a 3D scalar CT volume, got {img.GetDimension()}D with "
+                            f"{img.GetNumberOfComponentsPerPixel()} component(s)",
+                            fix="provide a single 3D CT volume")
+        arr = sitk.GetArrayViewFromImage(img)  # (Z, Y, X), no copy
+        arr = np.ascontiguousarray(arr.transpose(2, 1, 0), dtype=np.float32)  # one copy to (X,Y,Z)
+        direction = np.asarray(img.GetDirection(), dtype=np.float64).reshape(3, 3)
+        affine = np.eye(4)
+        affine[:3, :3] = direction @ np.diag(img.GetSpacing())
+        affine[:3, 3] = img.GetOrigin()
+        return arr, _meta(_LPS_TO_RAS @ affine, arr.shape)
+
+
+# --------------------------------------------------------------------------------------------
+# DICOM series via pydicom
+# --------------------------------------------------------------------------------------------
+def is_dicom_dir(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a folder (assumed to hold a DICOM series)."""
+    return Path(path).is_dir()
+
+
+def _header(path: Path):
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    try:
+        return pydicom.dcmread(path)  # one read per file: the pixel bytes stay (undecoded) in memory
+    except InvalidDicomError:
+        if path.suffix.lower() == ".dcm":
+            raise DataError("not a readable DICOM file", file=path,
+                            fix="re-export the series or delete the corrupt file") from None
+        return None  # a stray non-DICOM file (README, DICOMDIR index, ...)
+    except Exception as exc:  # truncated header etc.
+        raise DataError(f"corrupt DICOM header ({type(exc).__name__})", file=path,
+                        fix="re-export the series or delete the corrupt file") from None
+
+
+def _is_candidate(ds) -> bool:
+    modality = str(getattr(ds, "Modality", "CT") or "CT").upper()
+    if modality != "CT":
+        return False
+    if str(getattr(ds, "SOPClassUID", "")).startswith(_SECONDARY_CAPTURE):
+        return False
+    image_type = {str(v).upper() for v in (getattr(ds, "ImageType", None) or [])}
+    if image_type & _SKIP_IMAGE_TYPES:
+        return False
+    if getattr(ds, "ImagePositionPatient", None) is None or getattr(ds, "ImageOrientationPatient", None) is None:
+        return False
+    if getattr(ds, "PixelSpacing", None) is None or "Rows" not in ds:
+        return False
+    iop = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
+    normal = np.cross(iop[:3], iop[3:])
+    return abs(normal[2]) >= 0.8 * np.linalg.norm(normal)  # axial (tilted gantry tolerated)
+
+
+def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
+                      gap_factor: float = 1.5, uneven_tol: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Read the main axial CT series of ``folder``.
+
+    Args:
+        folder: a folder holding one or more DICOM series (searched recursively).
+        allow_gaps: when False, a missing slice raises :class:`DataError`; when True the gap is
+            filled by linear interpolation.
+        gap_factor: a step larger than ``gap_factor`` x the median step counts as a gap.
+        uneven_tol: relative deviation of the steps above which the slices are resampled onto a
+            uniform grid at the median step.
+
+    Returns:
+        ``(array (X, Y, Z) float32 HU, affine 4x4 RAS in mm)``.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError("DICOM folder not found", file=folder, fix="check the path in the datalist")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    series: dict[str, list] = defaultdict(list)
+    for f in files:
+        ds = _header(f)
+        if ds is None or not _is_candidate(ds):
+            continue
+        key = str(getattr(ds, "SeriesInstanceUID", "")) + "|" + "x".join(
+            f"{v:.4f}" for v in np.asarray(ds.ImageOrientationPatient, float)) + f"|{ds.Rows}x{ds.Columns}"
+        series[key].append((f, ds))
+    if not series:
+        raise DataError("no axial CT series found (only scouts, non-CT or non-DICOM files)", file=folder,
+                        fix="point the datalist at the folder of the axial CT series")
+    _, members = max(series.items(), key=lambda kv: len(kv[1]))
+    if len(members) < 2:
+        raise DataError("the CT series has a single slice; a 3D volume needs at least 2", file=folder,
+                        fix="export the whole series")
+
+    ds0 = members[0][1]
+    iop = np.asarray(ds0.ImageOrientationPatient, dtype=np.float64)
+    row_cos, col_cos = iop[:3], iop[3:]
+    normal = np.cross(row_cos, col_cos)
+    positions = np.array([np.asarray(ds.ImagePositionPatient, float) for _, ds in members])
+    proj = positions @ normal
+    order = np.lexsort((np.array([int(getattr(ds, "InstanceNumber", 0) or 0) for _, ds in members]), proj))
+    proj = proj[order]
+    keep = np.concatenate([[True], np.diff(proj) > 1e-3])
+    if not keep.all():
+        log.warning("%d duplicated slice position(s) in the series; keeping the first of each", (~keep).sum())
+    order, proj = order[keep], proj[keep]
+    members = [members[i] for i in order]
+    steps = np.diff(proj)
+    step = float(np.median(steps))
+    gaps = np.flatnonzero(steps > gap_factor * step)
+    if gaps.size and not allow_gaps:
+        z = proj[gaps[0]]
+        raise DataError(f"missing slice(s): the positions jump by {steps[gaps[0]]:.2f} mm at {z:.2f} mm "
+                        f"along the slice normal (usual step {step:.2f} mm)", file=folder, field="ImagePositionPatient",
+                        fix="re-export the complete series, or pass allow_gaps=True to interpolate across the gap")
+
+    rows, cols = int(ds0.Rows), int(ds0.Columns)
+    vol = np.empty((cols, rows, len(members)), dtype=np.float32)  # (X=column index, Y=row index, Z)
+    for k, (f, ds) in enumerate(members):
+        vol[:, :, k] = _slice_hu(f, ds, rows, cols).T
+
+    dr, dc = (float(v) for v in ds0.PixelSpacing)  # (between rows, between columns)
+    uneven = bool(gaps.size) or (steps.max() - steps.min()) > uneven_tol * step
+    if uneven:
+        target = proj[0] + step * np.arange(int(round((proj[-1] - proj[0]) / step)) + 1)
+        vol = _resample_z(vol, proj, target)
+        log.info("uneven slice spacing (%.3f-%.3f mm): resampled to %.3f mm", steps.min(), steps.max(), step)
+    affine = np.eye(4)
+    affine[:3, 0] = row_cos * dc
+    affine[:3, 1] = col_cos * dr
+    affine[:3, 2] = normal * step
+    affine[:3, 3] = positions[order[0]]
+    return vol, _LPS_TO_RAS @ affine
+
+
+def _slice_hu(path: Path, ds, rows: int, cols: int) -> np.ndarray:
+    try:
+        if "PixelData" not in ds:
+            raise ValueError("no pixel data")
+        pix = ds.pixel_array
+    except Exception as exc:
+        raise DataError(f"cannot decode pixel data ({type(exc).__name__}: {str(exc)[:120]})", file=path,
+                        fix="the file is truncated or corrupt: re-export the series or delete the file") from None
+    if pix.shape != (rows, cols):
+        raise DataError(f"slice shape {pix.shape} differs from the series' {(rows, cols)}", file=path,
+                        fix="re-export the series")
+    slope = float(getattr(ds, "RescaleSlope", 1) or 1)
+    intercept = float(getattr(ds, "RescaleIntercept", 0) or 0)
+    out = pix.astype(np.float32)
+    if slope != 1:
+        out *= slope
+    if intercept:
+        out += intercept
+    return out
+
+
+def _resample_z(vol: np.ndarray, z: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Linear interpolation along the last axis from positions ``z`` to ``target`` (vectorised)."""
+    idx = np.clip(np.searchsorted(z, target, side="right") - 1, 0, len(z) - 2)
+    w = ((target - z[idx]) / (z[idx + 1] - z[idx])).astype(np.float32)
+    w = np.clip(w, 0.0, 1.0)
+    return vol[:, :, idx] * (1 - w) + vol[:, :, idx + 1] * w
+
+
+class DicomSeriesReader(ImageReader):
+    """MONAI ``ImageReader`` for a DICOM series folder (pydicom); see the module docstring.
+
+    Args:
+        allow_gaps: interpolate across missing slices instead of raising :class:`DataError`.
+    """
+
+    def __init__(self, allow_gaps: bool = False) -> None:
+        self.allow_gaps = allow_gaps
+
+    def verify_suffix(self, filename: Sequence[os.PathLike] | os.PathLike) -> bool:
+        names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
+        return all(Path(n).is_dir() for n in names)
+
+    def read(self, data: Sequence[os.PathLike] | os.PathLike, **kwargs):
+        return read_dicom_series(_single(data), allow_gaps=kwargs.get("allow_gaps", self.allow_gaps))
+
+    def get_data(self, img) -> tuple[np.ndarray, dict]:
+        vol, affine = img
+        return vol, _meta(affine, vol.shape)
+
+
+# --------------------------------------------------------------------------------------------
+def reader_for(path: str | os.PathLike, allow_gaps: bool = False) -> ImageReader:
+    """The reader for ``path``: a folder is a DICOM series, a known suffix goes to SimpleITK."""
+    p = Path(path)
+    if p.is_dir():
+        return DicomSeriesReader(allow_gaps=allow_gaps)
+    if str(p).lower().endswith(ITK_SUFFIXES):
+        if not p.exists():
+            raise DataError("image file not found", file=p, fix="check the path in the datalist")
+        return SimpleITKReader()
+    if not p.exists():
+        raise DataError("image not found", file=p, fix="check the path in the datalist")
+    raise DataError(f"unsupported image type '{p.suffix or p.name}'", file=p,
+                    fix="use a DICOM series folder, NIfTI (.nii/.nii.gz), MHD/MHA or NRRD")
+
+
+def load_ct(path: str | os.PathLike, allow_gaps: bool = False) -> MetaTensor:
+    """Load a chest CT as a ``(1, X, Y, Z)`` float32 MetaTensor of HU, RAS, affine in mm.
+
+    Args:
+        path: a DICOM series folder, or a NIfTI / MHD / MHA / NRRD file.
+        allow_gaps: DICOM only: interpolate across missing slices instead of raising.
+
+    Raises:
+        DataError: missing path, unsupported type, unreadable/corrupt file (named), no axial CT
+            series, or a slice gap when ``allow_gaps`` is False.
+    """
+    from monai.transforms import LoadImage
+
+    reader = reader_for(path, allow_gaps=allow_gaps)
+    loader = LoadImage(image_only=True, ensure_channel_first=True, dtype=np.float32)
+    img = loader(str(path), reader=reader)
+    img = Orientation(axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S")))(img)
+    if not isinstance(img, MetaTensor):  # pragma: no cover - MONAI always returns MetaTensor here
+        img = MetaTensor(img)
+    return img
