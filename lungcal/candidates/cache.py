@@ -277,11 +277,16 @@ def _init_worker() -> None:  # one BLAS/torch thread per worker process
 
 
 def _describe_failure(e: BaseException, source: str) -> str:
+    """The exception text with the image path (and its folder names) masked out.
+
+    DICOM/TCIA paths carry patient IDs, so neither the path nor its last two components may
+    reach an error message (which ends up in logs).
+    """
     text = f"{type(e).__name__}: {e}"
-    # never echo the path (DICOM/TCIA paths contain patient IDs)
-    for s in {source, str(Path(source).resolve()), Path(source).name}:
-        if s:
-            text = text.replace(s, "<image>")
+    p = Path(source)
+    parts = {source, str(p.resolve()), str(p.parent), str(p.resolve().parent), p.name, p.parent.name}
+    for s in sorted((s for s in parts if len(s) >= 4), key=len, reverse=True):
+        text = text.replace(s, "<image>")
     return text
 
 
