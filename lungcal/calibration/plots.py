@@ -1,0 +1,94 @@
+"""Reliability diagram with the confidence histogram beneath (matplotlib, headless).
+
+Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas directly, never via
+``pyplot``, so they render without a display and leave no global figure state behind.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .metrics import _as_probs_labels, _confidence_correct, reliability_bins
+
+__all__ = ["reliability_diagram"]
+
+
+def reliability_diagram(probs, labels, n_bins: int = 15, mode: str = "top_label",
+                        title: str | None = None, path: str | Path | None = None, dpi: int = 120):
+    """Draw a reliability diagram and the confidence histogram beneath it.
+
+    Top panel: per equal-width ``(lo, hi]`` bin (the binning of :func:`..metrics.ece`), a bar of
+    the bin's accuracy, a hatched red "gap" bar from the accuracy to the bin's mean confidence,
+    the diagonal of perfect calibration, and ``ECE = ...`` (with ``n_bins`` and the mode) in the
+    upper-left corner. Bottom panel: the share of samples per bin, with the overall accuracy
+    and mean confidence as vertical lines.
+
+    Args:
+        probs: ``(N, C)`` probabilities or ``(N,)`` p(y=1).
+        labels: ``(N,)`` class indices.
+        n_bins: number of bins.
+        mode: ``"top_label"`` or ``"positive_class"`` (then the y axis is the observed
+            frequency of y = 1).
+        title: figure title.
+        path: if given, the PNG is written there (parent folders are created).
+        dpi: resolution of the saved PNG.
+
+    Returns:
+        the :class:`matplotlib.figure.Figure`.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    p, y = _as_probs_labels(probs, labels)
+    conf, hit = _confidence_correct(p, y, mode)
+    rb = reliability_bins(p, y, n_bins=n_bins, mode=mode)
+    edges, count = rb["edges"], rb["count"]
+    width = np.diff(edges)
+    left = edges[:-1]
+    filled = count > 0
+    acc = np.where(filled, rb["accuracy"], 0.0)
+    mconf = np.where(filled, rb["confidence"], 0.0)
+
+    fig = Figure(figsize=(5.0, 6.4))
+    FigureCanvasAgg(fig)
+    ax, axh = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1], "hspace": 0.08})
+    ylab = "Accuracy" if mode == "top_label" else "Observed frequency of y = 1"
+    xlab = "Confidence" if mode == "top_label" else "Predicted p(y = 1)"
+
+    ax.bar(left[filled], acc[filled], width=width[filled], align="edge", color="#4C72B0",
+           edgecolor="#1f3b63", linewidth=0.8, label="Outputs")
+    gap_lo = np.minimum(acc, mconf)
+    ax.bar(left[filled], np.abs(mconf - acc)[filled], bottom=gap_lo[filled], width=width[filled],
+           align="edge", color="#DD5555", alpha=0.35, edgecolor="#AA2222", hatch="//",
+           linewidth=0.8, label="Gap")
+    ax.plot([0, 1], [0, 1], ls="--", color="0.35", lw=1.2, label="Perfect calibration")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(ylab)
+    ax.set_aspect("auto")
+    ax.grid(alpha=0.25)
+    ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+    ax.text(0.03, 0.97, f"ECE = {rb['ece'] * 100:.2f}%\n{n_bins} bins, {mode.replace('_', '-')}",
+            transform=ax.transAxes, va="top", ha="left", fontsize=10,
+            bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.6", "alpha": 0.9})
+    if title:
+        ax.set_title(title)
+
+    frac = count / max(count.sum(), 1)
+    axh.bar(left, frac, width=width, align="edge", color="0.55", edgecolor="0.25", linewidth=0.6)
+    a_line = float(hit.mean())
+    c_line = float(conf.mean())
+    axh.axvline(a_line, color="#4C72B0", lw=1.6, label=f"{'Accuracy' if mode == 'top_label' else 'Prevalence'} {a_line:.3f}")
+    axh.axvline(c_line, color="#DD5555", lw=1.6, ls="--", label=f"Mean conf. {c_line:.3f}")
+    axh.set_ylabel("Share")
+    axh.set_xlabel(xlab)
+    axh.set_ylim(0, max(frac.max() * 1.15, 0.05))
+    axh.legend(loc="upper left", fontsize=7, framealpha=0.9)
+    axh.grid(alpha=0.25)
+    fig.subplots_adjust(left=0.13, right=0.97, top=0.94 if title else 0.97, bottom=0.08)
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi, format="png")
+    return fig
