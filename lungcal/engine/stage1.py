@@ -262,38 +262,18 @@ class EpochMetricsLogger:
             self.log(m, trainer.state.epoch)
 
 
-def _auc_metric():
-    from ignite.metrics import EpochMetric
-    from monai.handlers import from_engine
-
-    from lungcal.calibration.metrics import auroc
-
-    def compute(pred: torch.Tensor, y: torch.Tensor) -> float:
-        if torch.unique(y).numel() < 2:
-            return float("nan")
-        return float(auroc(torch.softmax(pred.float(), 1)[:, 1], y.long()))
-
-    return EpochMetric(compute, output_transform=from_engine(["pred", "label"]), check_compute_fn=False)
-
-
 def _calibration_metric(n_bins: int):
-    """``CalibrationMetrics`` from lungcal.calibration.handlers (ece, acc, auc, nll)."""
+    """``CalibrationMetrics`` attached as ``val_auc`` (key metric) that also fills ``val_ece/acc/nll``."""
     from monai.handlers import from_engine
 
     from lungcal.calibration.handlers import CalibrationMetrics
 
-    return CalibrationMetrics(n_bins=n_bins, output_transform=from_engine(["pred", "label"]))
-
-
-def _has_calibration_handlers() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("lungcal.calibration.handlers") is not None
+    return CalibrationMetrics(n_bins=n_bins, key="auc", prefix="val_", output_transform=from_engine(["pred", "label"]))
 
 
 def build_evaluator(network: nn.Module, loader, *, device, n_bins: int = 10,
                     handlers: Sequence | None = None):
-    """A ``SupervisedEvaluator`` whose key metric is ``val_auc`` with ``CalibrationMetrics`` beside it."""
+    """A ``SupervisedEvaluator`` with ``CalibrationMetrics``: key metric ``val_auc``, plus ``val_ece/acc/nll``."""
     from monai.engines import SupervisedEvaluator
 
     return SupervisedEvaluator(
@@ -302,8 +282,7 @@ def build_evaluator(network: nn.Module, loader, *, device, n_bins: int = 10,
         network=network,
         prepare_batch=MILPrepareBatch(),
         iteration_update=MILEvalStep(),
-        key_val_metric={"val_auc": _auc_metric()},
-        additional_metrics={"val_cal": _calibration_metric(n_bins)} if _has_calibration_handlers() else None,
+        key_val_metric={"val_auc": _calibration_metric(n_bins)},
         val_handlers=list(handlers or []),
         amp=False,
     )
