@@ -119,17 +119,25 @@ def _confidence_correct(p: np.ndarray, y: np.ndarray, mode: str) -> tuple[np.nda
     if mode == "positive_class":
         return p[:, 1].astype(np.float64), (y == 1).astype(np.float64)
     pred = p.argmax(axis=1)
-    conf = np.take_along_axis(p, pred[:, None], axis=1)[:, 0].astype(np.float64)
+    conf = p[np.arange(p.shape[0]), pred].astype(np.float64)
     return conf, (pred == y).astype(np.float64)
 
 
 def _bin_index(conf: np.ndarray, n_bins: int) -> np.ndarray:
-    """Equal-width ``(lo, hi]`` bin of each confidence; 0 goes into bin 0."""
+    """Equal-width ``(lo, hi]`` bin of each confidence; 0 goes into bin 0.
+
+    Fast path ``ceil(conf * n_bins) - 1``, then a one-step correction against the exact
+    ``linspace`` edges, so the result equals ``searchsorted(edges, conf, "left") - 1``.
+    """
     if int(n_bins) != n_bins or n_bins < 1:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
-    edges = np.linspace(0.0, 1.0, int(n_bins) + 1)
-    idx = np.searchsorted(edges, conf, side="left") - 1
-    np.clip(idx, 0, int(n_bins) - 1, out=idx)
+    n_bins = int(n_bins)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    idx = np.ceil(conf * n_bins).astype(np.int64)
+    idx -= 1
+    np.clip(idx, 0, n_bins - 1, out=idx)
+    idx -= (conf <= edges[idx]) & (idx > 0)
+    idx += conf > edges[idx + 1]
     return idx
 
 
