@@ -120,7 +120,10 @@ def apply_splits(rows: Iterable[dict], fractions: Sequence[float] = (0.6, 0.2, 0
     subject then follow that split.
     """
     rows = [dict(r) for r in rows]
-    fixed = {r["subject"]: r["split"] for r in rows if keep_existing and r.get("split")}
+    fixed: dict[str, str] = {}
+    for r in rows:
+        if keep_existing and r.get("split"):
+            fixed.setdefault(r["subject"], r["split"])
     labels: dict[str, int] = {}
     for r in rows:
         if r["subject"] not in fixed:
@@ -128,5 +131,6 @@ def apply_splits(rows: Iterable[dict], fractions: Sequence[float] = (0.6, 0.2, 0
     assigned = assign_splits(labels, fractions, seed) if labels else {}
     assigned.update(fixed)
     for r in rows:
-        r["split"] = assigned[r["subject"]]
+        if not (keep_existing and r.get("split")):  # a given split is never overwritten (conflicts stay visible)
+            r["split"] = assigned[r["subject"]]
     return rows

@@ -214,11 +214,9 @@ def _grid(shape, spacing, origin):
 
 
 def _smooth_noise(rng, shape, sigma_vox, amp):
-    small = tuple(max(2, int(math.ceil(s / 2))) for s in shape)  # noise at half resolution, upsampled
-    n = rng.standard_normal(small, dtype=np.float32)
-    n = ndi.gaussian_filter(n, sigma_vox / 2, mode="wrap")
-    n = ndi.zoom(n, [s / t for s, t in zip(shape, small)], order=1, mode="nearest", grid_mode=True)
-    n *= amp / (n.std() + 1e-6)
+    n = rng.standard_normal(shape, dtype=np.float32)
+    n = ndi.gaussian_filter(n, sigma_vox, mode="wrap", truncate=2.5)
+    n *= np.float32(amp / (n.std() + 1e-6))
     return n
 
 
@@ -339,7 +337,9 @@ def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequen
     vol[np.broadcast_to(body2d, shape)] = 45.0
     vol[np.broadcast_to(fat, shape)] = -100.0
     # soft-tissue texture
-    vol += np.where(np.broadcast_to(body2d, shape), _smooth_noise(rng, shape, 2.0, 12.0), 0)
+    tex = _smooth_noise(rng, shape, 2.0, 12.0)
+    tex *= body2d
+    vol += tex
     lung_mask = np.zeros(shape, bool)
     if lungs:
         (lr, ll), heart = _lung_masks(shape, spacing, origin, anat)
@@ -350,18 +350,19 @@ def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequen
         # vessel tree: branching tubes from each hilum, only inside the lungs
         for side, lmask in ((-1, lr), (1, ll)):
             hilum = np.array([side * (anat["lung_dx"] - 0.55 * anat["lung_a"]), anat["lung_cy"], anat["lung_cz"]], np.float32)
-            stack = [(hilum, rng.standard_normal(3), 4.0, 0)]
+            stack = [(hilum, np.array([side, 0.2 * rng.standard_normal(), dz], np.float32), 3.5, 0)
+                     for dz in (1.2, 0.1, -1.0)]
             while stack:
                 p, d, rad, depth = stack.pop()
                 d = np.asarray(d, np.float32)
-                d[0] = abs(d[0]) * side * 1.2 + d[0] * 0.2  # grow outwards
+                d[0] = abs(d[0]) * side  # grow outwards, towards the pleura
                 d /= np.linalg.norm(d)
-                length = rng.uniform(25, 45) * (0.8 ** depth)
+                length = rng.uniform(22, 38) * (0.78 ** depth)
                 q = p + d * length
                 _segment_tube(vol, lmask, p, q, rad, 40.0, spacing, origin)
-                if depth < 3 and rad > 1.0:
+                if depth < 3 and rad > 0.8:
                     for _ in range(2):
-                        stack.append((q, d + 0.8 * rng.standard_normal(3), rad * 0.72, depth + 1))
+                        stack.append((q, d + 0.7 * rng.standard_normal(3), rad * 0.72, depth + 1))
         # airways: trachea down to the carina, then the two main bronchi (air with a soft-tissue wall)
         top = np.array([0, anat["trachea_y"], z.max() + 5], np.float32)
         carina = np.array([0, anat["trachea_y"], anat["lung_cz"] + 0.15 * anat["lung_c"]], np.float32)
@@ -388,11 +389,12 @@ def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequen
     post = np.float32(1) + np.sin(theta)  # 2 at the back, 0 at the front
     rib_r = (rho > 1 - anat["fat_frac"] - 0.09) & (rho < 1 - anat["fat_frac"] - 0.035)
     not_front = np.abs(x) > 25
-    zs = z.max() - 15 - np.arange(12) * anat["rib_step"]
-    for z0 in zs:
-        zc = z0 - (2 - post) * 12  # ribs descend towards the front
-        band = rib_r & not_front & (np.abs(z - zc) < 5.0)
-        vol[band] = 700.0
+    # 12 rib pairs, periodic in z (one vectorised pass): u is z shifted so every rib is flat in u
+    u = z - (2 - post) * 12 - (z.max() - 15)  # (X, Y, Z); 0 at the first rib
+    step = np.float32(anat["rib_step"])
+    ph = np.mod(u + 5, step)  # within +-5 mm of a rib centre <=> ph < 10
+    band = (rib_r & not_front) & (ph < 10) & (u <= 5) & (u >= -(11 * step) - 5)
+    vol[band] = 700.0
     # scanner: kernel blur, calibration offset, noise
     if scanner.kernel_sigma_mm > 0:
         vol = ndi.gaussian_filter(vol, scanner.kernel_sigma_mm / spacing, truncate=3.0)
