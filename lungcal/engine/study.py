@@ -65,7 +65,9 @@ class DatasetSpec:
         stage1_bundle: file name pattern of the stage-1 bundles, with ``{stage1}``.
         las_bundle: file name of the LAS bundle.
         las_parent_key: the LAS bundle's override key that takes the stage-1 run id.
-        presets: ``{"reduced": overrides, "full": overrides}``.
+        presets: ``{"reduced": overrides, "full": overrides}`` of the stage-1 bundles.
+        las_presets: the same for the LAS bundle (the LAS job gets only these, the datalist and
+            the stage-1 run; ``--override`` values go to the stage-1 bundles).
         accepts_datalist: whether ``--datalist`` is passed to its bundles.
     """
 
@@ -74,6 +76,7 @@ class DatasetSpec:
     las_bundle: str
     las_parent_key: str
     presets: Mapping[str, Mapping[str, object]]
+    las_presets: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"reduced": {}, "full": {}})
     accepts_datalist: bool = False
 
     @property
@@ -81,16 +84,20 @@ class DatasetSpec:
         return self.name
 
 
+_CIFAR_REDUCED = {"epochs": 30, "warmup_epochs": 1, "lr_milestones": [24, 27], "subset": 10000}
+
+#: ``reduced`` runs on two CPU cores in minutes per job; ``full`` is each bundle's own schedule.
 DATASETS: dict[str, DatasetSpec] = {
     "nlst": DatasetSpec(
-        "nlst", "nlst_{stage1}.json", "nlst_las.json", "parent_run",
-        presets={"reduced": {"epochs": 4}, "full": {}}, accepts_datalist=True),
+        "nlst", "nlst_{stage1}.json", "nlst_las.json", "stage1_run_id",
+        presets={"reduced": {"epochs": 6}, "full": {}},
+        las_presets={"reduced": {"epochs": 15}, "full": {}}, accepts_datalist=True),
     "cifar10": DatasetSpec(
         "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "parent_run",
-        presets={"reduced": {"epochs": 15}, "full": {}}),
+        presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
     "cifar10lt": DatasetSpec(
         "cifar10lt", "cifar10lt_{stage1}.json", "cifar10lt_las.json", "parent_run",
-        presets={"reduced": {"epochs": 15}, "full": {}}),
+        presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
 }
 
 
@@ -200,7 +207,9 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
     bdir = Path(bundle_dir) if bundle_dir else project_dir / "bundles"
     out = Path(output_dir) if output_dir else default_output_dir()
     uri = tracking_uri or default_tracking_uri(out)
-    client = MlflowClient(tracking_uri=uri)
+    # a plan (or a dry run) must not create a store: a missing SQLite file simply holds no runs
+    fresh = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists()
+    client = None if fresh else MlflowClient(tracking_uri=uri)
     jobs: list[Job] = []
     for ds in datasets:
         spec = DATASETS[ds]
@@ -210,7 +219,8 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
                 ov["datalist"] = str(Path(datalist).resolve())
             ov.update(overrides or {})
             key = study_key(ds, s1, ov, preset)
-            done = set() if force else {_stage2_of(r) for r in _finished_runs(client, spec.experiment, key)}
+            done = set() if force or client is None else {
+                _stage2_of(r) for r in _finished_runs(client, spec.experiment, key)}
             s1_bundle = bdir / spec.stage1_bundle.format(stage1=s1)
             if not s1_bundle.is_file():
                 raise ConfigError("bundle not found", file=s1_bundle, field="--stage1",
@@ -227,7 +237,10 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
                 if not las_bundle.is_file():
                     raise ConfigError("LAS bundle not found", file=las_bundle, field="--stage2",
                                       fix="drop 'las' from --stage2 or add the bundle")
-                jobs.append(Job(ds, s1, "las", las_bundle, ov, key, ["las"],
+                las_ov: dict[str, object] = dict(spec.las_presets[preset])
+                if "datalist" in ov:
+                    las_ov["datalist"] = ov["datalist"]
+                jobs.append(Job(ds, s1, "las", las_bundle, las_ov, key, ["las"],
                                 [] if "las" in done else ["las"], preset))
     return StudyPlan(jobs, uri, out, project_dir)
 

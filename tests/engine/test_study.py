@@ -37,10 +37,10 @@ def _stage1_bundle(method: str, fail: bool = False) -> dict:
             "s1": _tracker("none"), "ts": _tracker("ts", "$@s1.run_id"), "run": run}
 
 
-LAS_BUNDLE = {"tracking_uri": "sqlite:///unused.db", "epochs": 100, "parent_run": None,
+LAS_BUNDLE = {"tracking_uri": "sqlite:///unused.db", "epochs": 100, "stage1_run_id": None,
               "client": {"_target_": "mlflow.tracking.MlflowClient", "tracking_uri": "@tracking_uri"},
-              "stage1": "$@client.get_run(@parent_run).data.tags['lungcal.stage1']",
-              "las": _tracker("las", "@parent_run"),
+              "stage1": "$@client.get_run(@stage1_run_id).data.tags['lungcal.stage1']",
+              "las": _tracker("las", "@stage1_run_id"),
               "run": ["$@las.log_report('test', {'ece': 0.04})", "$@las.end()"]}
 
 
@@ -69,7 +69,7 @@ def test_study_runs_resumes_and_reports_failures(bundles, tmp_path, capsys):
     assert [(j.stage1, j.kind, j.produces, j.skip) for j in plan.jobs] == [
         ("ce", "stage1", ["none", "ts"], False), ("ce", "las", ["las"], False),
         ("focal", "stage1", ["none", "ts"], False), ("focal", "las", ["las"], False)]
-    assert plan.jobs[0].overrides == {"epochs": 4}  # the reduced preset
+    assert plan.jobs[0].overrides == {"epochs": 6} and plan.jobs[1].overrides == {"epochs": 15}  # reduced preset
 
     results = run_study(plan, progress=False)
     assert [r.status for r in results] == ["finished", "finished", "failed", "failed"]
@@ -83,7 +83,7 @@ def test_study_runs_resumes_and_reports_failures(bundles, tmp_path, capsys):
     assert set(runs) == {"none", "ts", "las"}
     assert all(r.info.status == "FINISHED" and r.data.tags[TAG_STUDY_KEY] == plan.jobs[0].study_key
                for r in runs.values())
-    assert runs["none"].data.params["epochs"] == "4"  # preset reached the bundle
+    assert runs["none"].data.params["epochs"] == "6"  # preset reached the bundle
     assert runs["las"].data.tags["lungcal.parent_run"] == runs["none"].info.run_id
 
     # resume: the ce configurations are skipped, focal is planned again
