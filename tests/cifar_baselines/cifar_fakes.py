@@ -1,0 +1,31 @@
+"""Tiny CIFAR-format folders for the cifar_baselines tests (official pickle layout)."""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+
+def write_fake_cifar(root: Path, n_train_per_class: int = 30, n_test_per_class: int = 8, seed: int = 0) -> Path:
+    """Write ``root/cifar-10-batches-py`` with class-dependent colours (learnable), return ``root``."""
+    rng = np.random.default_rng(seed)
+    out = Path(root) / "cifar-10-batches-py"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def images(labels):
+        base = (np.asarray(labels)[:, None] * 25 + 10).astype(np.int64)  # class -> brightness
+        x = rng.integers(0, 40, size=(len(labels), 3072)) + np.repeat(base, 3072, axis=1)
+        return np.clip(x, 0, 255).astype(np.uint8)
+
+    ytr = rng.permutation(np.repeat(np.arange(10), n_train_per_class))
+    xtr = images(ytr)
+    for b, part in enumerate(np.array_split(np.arange(len(ytr)), 5)):
+        with open(out / f"data_batch_{b + 1}", "wb") as f:
+            pickle.dump({b"data": xtr[part], b"labels": ytr[part].tolist(), b"batch_label": b"x"}, f, protocol=2)
+    yte = rng.permutation(np.repeat(np.arange(10), n_test_per_class))
+    with open(out / "test_batch", "wb") as f:
+        pickle.dump({b"data": images(yte), b"labels": yte.tolist(), b"batch_label": b"t"}, f, protocol=2)
+    with open(out / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [b"c%d" % i for i in range(10)]}, f, protocol=2)
+    return Path(root)
