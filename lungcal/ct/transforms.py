@@ -40,7 +40,7 @@ from monai.data import MetaTensor
 from monai.transforms import Compose, MapTransform, SpatialCrop, Spacingd, Transform
 from scipy import ndimage as ndi
 
-from lungcal.errors import DataError
+from lungcal.errors import DataError, LungcalError
 
 from .io import load_ct
 
@@ -54,6 +54,7 @@ __all__ = [
     "LungMaskd",
     "CropToLungd",
     "build_preprocess",
+    "CTCompose",
     "preprocess_ct",
 ]
 
@@ -271,6 +272,23 @@ class CropToLungd(MapTransform):
         return d
 
 
+class CTCompose(Compose):
+    """A MONAI ``Compose`` that re-raises a :class:`~lungcal.errors.LungcalError` from inside a
+    transform as itself (MONAI wraps every transform error in ``RuntimeError``), so a bad CT still
+    surfaces as one clear ``DataError``."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except RuntimeError as exc:
+            cause = exc
+            while cause is not None and not isinstance(cause, LungcalError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise cause.with_traceback(None) from None
+
+
 class _Contiguous(Transform):
     def __call__(self, data):
         return {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
@@ -278,8 +296,8 @@ class _Contiguous(Transform):
 
 def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
                      hu_window: Sequence[float] = DEFAULT_HU_WINDOW, margin_mm: float = 10.0,
-                     allow_gaps: bool = False, load: bool = True, **mask_kwargs) -> Compose:
-    """The preprocessing ``Compose`` on dicts ``{"image": path}`` -> ``{"image", "lung_mask"}``.
+                     allow_gaps: bool = False, load: bool = True, **mask_kwargs) -> CTCompose:
+    """The preprocessing :class:`CTCompose` on dicts ``{"image": path}`` -> ``{"image", "lung_mask"}``.
 
     Args:
         spacing: output voxel size in mm (a number or three); None keeps the native grid.
@@ -296,7 +314,7 @@ def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
         chain.append(Spacingd(("image", "lung_mask"), pixdim=pix, mode=("bilinear", "nearest"),
                               padding_mode="border", dtype=torch.float32))
     chain += [HUWindowd("image", window=hu_window), _Contiguous()]
-    return Compose(chain)
+    return CTCompose(chain)
 
 
 def preprocess_ct(path: str | os.PathLike, spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),

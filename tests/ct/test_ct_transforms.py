@@ -1,0 +1,102 @@
+"""lungcal.ct.transforms: HU window, lung mask, crop geometry, preprocess_ct on phantoms."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lungcal.ct.transforms import (DEFAULT_HU_WINDOW, HUWindowd, build_preprocess, hu_window, lung_bbox, lung_mask,
+                                   preprocess_ct)
+from lungcal.data.synthetic import Nodule, ScannerProfile, make_phantom, write_dicom_series, fake_identifiers
+from lungcal.errors import DataError
+
+SHAPE, SPACING = (96, 96, 64), (3.2, 3.2, 3.6)
+
+
+@pytest.fixture(scope="module")
+def phantom():
+    rng = np.random.default_rng(11)
+    nod = Nodule((70.0, 10.0, 10.0), 14.0, True, "lobulated", "solid")
+    hu, origin, mask = make_phantom(rng, SHAPE, SPACING, [nod], ScannerProfile(noise_hu=15))
+    return hu, origin, mask
+
+
+@pytest.fixture(scope="module")
+def phantom_dicom(phantom, tmp_path_factory):
+    hu, origin, _ = phantom
+    folder = tmp_path_factory.mktemp("ph") / "ct"
+    write_dicom_series(hu, origin, SPACING, folder, fake_identifiers(np.random.default_rng(0)))
+    return folder
+
+
+def test_hu_window_maps_and_clips():
+    x = torch.tensor([-2000.0, -1200.0, -300.0, 600.0, 3000.0])
+    np.testing.assert_allclose(hu_window(x).numpy(), [0, 0, 0.5, 1, 1], atol=1e-6)
+    assert DEFAULT_HU_WINDOW == (-1200.0, 600.0)
+    d = HUWindowd("image", window=(-1000, 0))({"image": torch.tensor([-500.0])})
+    np.testing.assert_allclose(d["image"].numpy(), [0.5])
+    with pytest.raises(ValueError):
+        hu_window(x, (10, 0))
+
+
+def test_lung_mask_recovers_the_phantom_lungs(phantom):
+    hu, _, truth = phantom
+    m = lung_mask(hu, SPACING)
+    dice = 2 * (m & truth).sum() / (m.sum() + truth.sum())
+    assert dice > 0.9, dice
+    # the planted nodule (inside the lung) is part of the mask: holes are filled
+    c = np.round((np.array([70.0, 10.0, 10.0]) - (-(np.array(SHAPE) - 1) / 2 * np.array(SPACING))) / SPACING).astype(int)
+    assert m[tuple(c)]
+    # outside air and the trachea above the lungs are not lung
+    assert not m[0, 0, 0] and not m[:, :, -1].any() or m[:, :, -1].sum() < truth[:, :, -1].sum() + 50
+
+
+def test_no_lungs_raises(tmp_path):
+    hu, origin, mask = make_phantom(np.random.default_rng(1), (64, 64, 40), (4.0, 4.0, 5.0), lungs=False)
+    assert not mask.any()
+    with pytest.raises(DataError, match="no lungs found"):
+        lung_mask(hu, (4.0, 4.0, 5.0))
+    write_dicom_series(hu, origin, (4.0, 4.0, 5.0), tmp_path / "abdomen", fake_identifiers(np.random.default_rng(2)))
+    with pytest.raises(DataError, match="no lungs found") as err:
+        preprocess_ct(tmp_path / "abdomen", spacing=4.0)
+    assert "abdomen" in str(err.value)  # names the file
+
+
+def test_lung_bbox_margin_and_clip():
+    m = np.zeros((20, 20, 20), bool)
+    m[5:8, 6:9, 0:3] = True
+    start, end = lung_bbox(m, (1.0, 2.0, 1.0), margin_mm=2.0)
+    assert start == [3, 5, 0] and end == [10, 10, 5]
+
+
+def test_preprocess_ct_crop_keeps_world_geometry(phantom_dicom):
+    from lungcal.ct.io import load_ct
+
+    raw = load_ct(phantom_dicom)
+    out = preprocess_ct(phantom_dicom, spacing=None, margin_mm=8.0)
+    img, msk = out["image"], out["lung_mask"]
+    assert img.shape == msk.shape and img.shape[1:] != raw.shape[1:]
+    assert float(img.min()) >= 0 and float(img.max()) <= 1
+    assert set(np.unique(msk.numpy())) <= {0.0, 1.0} and msk.sum() > 0
+    # the crop's affine maps its voxel (0,0,0) onto the same world point as the raw voxel it came from
+    start = np.round(np.linalg.solve(raw.affine.numpy(), img.affine.numpy()[:, 3])[:3]).astype(int)
+    np.testing.assert_allclose(raw.affine.numpy()[:3, :3], img.affine.numpy()[:3, :3])
+    expected = hu_window(raw[0, start[0]:start[0] + img.shape[1], start[1]:start[1] + img.shape[2],
+                             start[2]:start[2] + img.shape[3]])
+    np.testing.assert_allclose(img[0].numpy(), expected.numpy(), atol=1e-6)
+
+
+def test_preprocess_ct_resamples_to_spacing(phantom_dicom):
+    out = preprocess_ct(phantom_dicom, spacing=(4.0, 4.0, 4.0), hu_window=(-1000, 400))
+    np.testing.assert_allclose(np.asarray(out["image"].pixdim)[:3], [4.0, 4.0, 4.0], atol=1e-5)
+    np.testing.assert_allclose(out["image"].affine.numpy(), out["lung_mask"].affine.numpy())
+    assert out["image"].dtype == torch.float32 and out["lung_mask"].dtype == torch.float32
+    # lung fraction of the lung box is substantial and the box is smaller than the body
+    frac = float(out["lung_mask"].mean())
+    assert 0.2 < frac < 0.8
+
+
+def test_build_preprocess_is_a_monai_compose():
+    from monai.transforms import Compose
+
+    assert isinstance(build_preprocess((1.5, 1.5, 1.5)), Compose)
