@@ -1,0 +1,82 @@
+"""The hospital workflow end to end on two synthetic sites from different scanners.
+
+Site A (the reference, "trained elsewhere"): 2.5 mm isotropic, low noise, prevalence 0.4.
+Site B (the hospital): anisotropic 1.8 x 1.8 x 3.2 mm voxels, a soft kernel, 3x the noise, an HU
+offset and a lower prevalence. A stage-1 model is trained on A with the real bundle
+(``bundles/nlst_ce.json --datalist A``), then ``lungcal recalibrate --model <run> --datalist B``
+fits TS on B's validation split only. The shift must be real (ECE on B above ECE on A) and local
+TS must lower B's test ECE without changing its AUC. The numbers are printed (run with ``-s``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SITE_A = dict(n_subjects=90, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
+              scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
+SITE_B = dict(n_subjects=90, prevalence=0.2, seed=12, shape=(176, 176, 75), spacing=(1.8, 1.8, 3.2),
+              scanner={"site": "site-b", "noise_hu": 60.0, "kernel_sigma_mm": 1.6, "hu_offset": 40.0})
+
+
+@pytest.mark.slow
+def test_two_site_recalibration(tmp_path, capsys):
+    from lungcal.data.synthetic import make_cohort
+    from mlflow.tracking import MlflowClient
+
+    from lungcal.cli import main
+
+    out = tmp_path / "runs"
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    a = make_cohort(tmp_path / "site_a", formats=("nifti",), progress=False, num_workers=2, **SITE_A)
+    b = make_cohort(tmp_path / "site_b", formats=("nifti",), progress=False, num_workers=2, **SITE_B)
+
+    # train on the reference site with the real stage-1 bundle (+ its linked TS run)
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/nlst_ce.json",
+           "--datalist", str(a), "--epochs", "10", "--output_dir", str(out), "--tracking_uri", uri,
+           "--n_bootstrap", "500", "--num_workers", "2", "--run_name", "site-a-ce"]
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("nlst")
+    s1 = client.search_runs([exp.experiment_id], "tags.`lungcal.stage2` = 'none'")[0]
+    ece_a = s1.data.metrics["test/ece"]
+    auc_a = s1.data.metrics["test/auc"]
+
+    # the hospital: recalibrate on its own validation split, evaluate on its test split
+    capsys.readouterr()
+    rc = main(["recalibrate", "--model", s1.info.run_id, "--datalist", str(b), "--tracking-uri", uri,
+               "--output-dir", str(out), "--n-bootstrap", "1000"])
+    summary = capsys.readouterr().out
+    assert rc == 0, summary
+    runs = client.search_runs([exp.experiment_id], "tags.`lungcal.site` = 'site-b'")
+    assert len(runs) == 1
+    r = runs[0]
+    m = r.data.metrics
+    assert r.data.tags["lungcal.stage2"] == "ts" and r.data.tags["lungcal.parent_run"] == s1.info.run_id
+    assert r.data.params["fit_split"] == "val" and r.data.params["retrained"] == "False"
+    numbers = {
+        "site_a_test": {"ece": ece_a, "auc": auc_a},
+        "site_b_before": {k: m[f"test_uncalibrated/{k}"] for k in
+                          ("ece", "ece_ci_low", "ece_ci_high", "auc", "auc_ci_low", "auc_ci_high", "acc")},
+        "site_b_after": {k: m[f"test/{k}"] for k in
+                         ("ece", "ece_ci_low", "ece_ci_high", "auc", "auc_ci_low", "auc_ci_high", "acc")},
+        "temperature": m["temperature"],
+    }
+    (ROOT / "runs").mkdir(exist_ok=True)
+    print(summary)
+    print(json.dumps(numbers, indent=2))
+    with capsys.disabled():
+        print("\nhospital workflow numbers:\n" + summary + "\n" + json.dumps(numbers, indent=2))
+    before, after = numbers["site_b_before"], numbers["site_b_after"]
+    assert before["ece"] > ece_a, "the scanner shift did not miscalibrate the model: tune SITE_B"
+    assert after["ece"] < before["ece"], "local TS did not lower ECE on site B"
+    assert after["auc"] == pytest.approx(before["auc"], abs=1e-9)  # TS never changes the ranking
+    assert after["acc"] == pytest.approx(before["acc"], abs=1e-9)
