@@ -1,0 +1,120 @@
+"""NLST and site importers, on a tiny fake TCIA tree and CSVs written here."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lungcal.data.nlst import import_nlst, nlst_label
+from lungcal.data.sites import import_site
+from lungcal.data.splits import pseudonym
+from lungcal.data.synthetic import fake_identifiers, write_dicom_series
+from lungcal.errors import DataError
+
+CSV_HEADER = "pid,candx_days,fup_days,scr_days0,scr_days1,scr_days2,cigsmok\n"
+
+
+def _series(folder, seed=0):
+    vol = np.random.default_rng(seed).integers(-1000, 400, (16, 16, 3)).astype(np.int16)
+    write_dicom_series(vol, (0.0, 0.0, 0.0), (1.0, 1.0, 2.0), folder, fake_identifiers(np.random.default_rng(seed)))
+
+
+@pytest.fixture(scope="module")
+def tcia(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tcia")
+    for pid in ("100001", "100002", "100003", "100004"):
+        for year in (1999, 2000, 2001):
+            study = root / "NLST" / pid / f"01-02-{year}-NLST-LSS-{pid[-2:]}{year}"
+            _series(study / "1.000000-0OPASEVZOOMB30f320212080.0-123")
+            (study / "2.000000-scout-456").mkdir(parents=True)
+            (study / "2.000000-scout-456" / "1-1.dcm").write_bytes(b"")  # fewer files: not chosen
+    _series(root / "NLST" / "100002" / "01-02-2002-NLST-LSS-extra" / "s")  # not a screening round
+    csv = root / "clinical.csv"
+    csv.write_text(CSV_HEADER
+                   + "100001,400,2000,10,370,735,1\n"   # cancer 30 days after T1
+                   + "100002,NA,2500,0,365,730,1\n"     # never cancer, long follow-up
+                   + "100003,,500,0,365,730,0\n")       # follow-up ends 135 days after T1: censored
+    return root, csv
+
+
+def test_nlst_label_rule():
+    assert nlst_label(370, 1, 400, 2000) == 1
+    assert nlst_label(10, 0, 400, 2000) == 0          # diagnosed 390 days after T0: outside the window
+    assert nlst_label(735, 2, 400, 2000) is None      # screen after diagnosis
+    assert nlst_label(None, 1, None, 900) == 0        # nominal 365 days, followed 535 days
+    assert nlst_label(365, 1, None, 500) is None      # censored
+    assert nlst_label(0, 0, 365, None) == 1           # boundary: exactly one year
+
+
+def test_import_nlst_rows(tcia, tmp_path):
+    root, csv = tcia
+    rows = import_nlst(root, csv, out=tmp_path / "nlst.json", salt="s", progress=False)
+    got = {(r["subject"], r["round"]): r["label"] for r in rows}
+    s1, s2, s3 = (pseudonym(p, "s") for p in ("100001", "100002", "100003"))
+    assert got == {(s1, 0): 0, (s1, 1): 1, (s2, 0): 0, (s2, 1): 0, (s2, 2): 0, (s3, 0): 0}
+    assert all(r["site"] == "nlst" and r["image"].endswith("0OPASEVZOOMB30f320212080.0-123") for r in rows)
+    for r in rows:  # one split per patient
+        assert len({x["split"] for x in rows if x["subject"] == r["subject"]}) == 1
+    text = (tmp_path / "nlst.json").read_text()
+    assert json.loads(text)["source"] == "nlst"
+    # no participant ID anywhere in the rows except inside TCIA's own folder paths
+    for r in rows:
+        assert "10000" not in r["subject"] and "10000" not in r["ct"]
+
+
+def test_import_nlst_errors(tcia, tmp_path):
+    root, _ = tcia
+    dup = tmp_path / "dup.csv"
+    dup.write_text(CSV_HEADER + "100001,,900,0,365,730,1\n100001,,900,0,365,730,1\n")
+    with pytest.raises(DataError, match="listed twice") as err:
+        import_nlst(root, dup, salt="s", progress=False)
+    assert err.value.row == 1 and err.value.field == "pid"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("pid,fup_days\n1,2\n")
+    with pytest.raises(DataError, match="wrong columns"):
+        import_nlst(root, bad, salt="s", progress=False)
+    num = tmp_path / "num.csv"
+    num.write_text(CSV_HEADER + "100001,soon,900,0,365,730,1\n")
+    with pytest.raises(DataError, match="not a number") as err:
+        import_nlst(root, num, salt="s", progress=False)
+    assert err.value.field == "candx_days"
+    none = tmp_path / "none.csv"
+    none.write_text(CSV_HEADER + "999999,,900,0,365,730,1\n")
+    with pytest.raises(DataError, match="no usable screening CT"):
+        import_nlst(root, none, salt="s", progress=False)
+
+
+def _site(tmp_path, lines, header="subject_id,image,label,split"):
+    for name in ("a.nii.gz", "b.nii.gz", "c.nii.gz", "d.nii.gz"):
+        (tmp_path / "imgs").mkdir(exist_ok=True)
+        (tmp_path / "imgs" / name).write_bytes(b"x")
+    p = tmp_path / "site.csv"
+    p.write_text(header + "\n" + "\n".join(lines) + "\n")
+    return p
+
+
+def test_import_site_relative_paths_and_splits(tmp_path):
+    csv = _site(tmp_path, ["MRN1,imgs/a.nii.gz,1,test", "MRN1,imgs/b.nii.gz,0,", "MRN2,imgs/c.nii.gz,0,",
+                           "MRN3,imgs/d.nii.gz,1,"])
+    rows = import_site(csv, "upmc", out=tmp_path / "dl.json", salt="k")
+    assert rows[0]["image"] == str(tmp_path / "imgs" / "a.nii.gz")
+    assert rows[0]["split"] == rows[1]["split"] == "test"  # the patient's given split wins for its other CTs
+    assert {r["site"] for r in rows} == {"upmc"}
+    assert "MRN" not in (tmp_path / "dl.json").read_text()
+    assert json.loads((tmp_path / "dl.json").read_text())["source"] == "site:upmc"
+
+
+@pytest.mark.parametrize("lines, header, row, field, match", [
+    (["MRN1,imgs/zzz.nii.gz,1,"], None, 0, "image", "not found"),
+    (["MRN1,imgs/a.nii.gz,yes,"], None, 0, "label", "0 or 1"),
+    (["MRN1,imgs/a.nii.gz,1,", "MRN1,imgs/a.nii.gz,1,"], None, 1, "image", "duplicate"),
+    (["MRN1,imgs/a.nii.gz,1,train", "MRN1,imgs/b.nii.gz,1,test"], None, 1, "split", "in split"),
+    (["MRN1,imgs/a.nii.gz,1,later"], None, 0, "split", "split must be"),
+    (["MRN1,imgs/a.nii.gz"], "subject_id,image", None, "label", "wrong columns"),
+])
+def test_import_site_errors(tmp_path, lines, header, row, field, match):
+    csv = _site(tmp_path, lines, header or "subject_id,image,label,split")
+    with pytest.raises(DataError, match=match) as err:
+        import_site(csv, "ucd", salt="k")
+    assert err.value.row == row and err.value.field == field and "site.csv" in str(err.value)
