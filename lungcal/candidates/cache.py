@@ -40,6 +40,7 @@ import numpy as np
 
 from lungcal.candidates.bags import extract_bag
 from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.ct.transforms import DEFAULT_HU_WINDOW
 from lungcal.errors import CacheError, ConfigError, DataError
 
 __all__ = ["CACHE_VERSION", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags", "load_bag"]
@@ -63,7 +64,7 @@ class BagParams:
     """
 
     spacing: tuple[float, float, float] = (2.5, 2.5, 2.5)
-    hu_window: tuple[float, float] = (-1000.0, 400.0)
+    hu_window: tuple[float, float] = DEFAULT_HU_WINDOW
     margin_mm: float = 10.0
     k: int = 8
     patch_size: int = 16
