@@ -143,3 +143,15 @@ def test_cli_report(store, tmp_path, capsys):
     assert "# Calibration study report" in out and (tmp_path / "report.html").exists()
     assert main(["report", "--experiment", "missing", "--tracking-uri", store, "--out", str(tmp_path)]) == 2
     assert "no MLflow experiment named 'missing'" in capsys.readouterr().err
+
+
+def test_ui_command_opens_the_store_on_loopback(store, tmp_path, capsys):
+    from lungcal.cli import main
+    from lungcal.engine.commands import ui_command
+
+    cmd = ui_command(store, port=5123)
+    assert cmd[1:] == ["ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", "5123"]
+    assert main(["ui", "--tracking-uri", store, "--print-only"]) == 0
+    assert f"mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000" in capsys.readouterr().out
+    assert main(["ui", "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}", "--print-only"]) == 2
+    assert "no MLflow store here yet" in capsys.readouterr().err
