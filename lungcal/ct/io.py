@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 ITK_SUFFIXES = (".nii", ".nii.gz", ".mhd", ".mha", ".nrrd", ".nhdr")
 _SECONDARY_CAPTURE = "1.2.840.10008.5.1.4.1.1.7"
+_CT_SOP = "1.2.840.10008.5.1.4.1.1.2"  # CT Image Storage (+ .1 enhanced, .2 legacy converted)
 _SKIP_IMAGE_TYPES = {"LOCALIZER", "SCOUT", "SECONDARY"}
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
@@ -147,6 +148,13 @@ def _header(path: Path):
                         fix="re-export the series or delete the corrupt file") from None
 
 
+def _is_ct_image(ds) -> bool:
+    meta = getattr(ds, "file_meta", None)
+    sops = (str(getattr(ds, "SOPClassUID", "")), str(getattr(meta, "MediaStorageSOPClassUID", "")))
+    return any(s == _CT_SOP or s.startswith(_CT_SOP + ".") for s in sops) or \
+        str(getattr(ds, "Modality", "")).upper() == "CT"
+
+
 def _is_candidate(ds) -> bool:
     modality = str(getattr(ds, "Modality", "CT") or "CT").upper()
     if modality != "CT":
@@ -187,7 +195,12 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
     series: dict[str, list] = defaultdict(list)
     for f in files:
         ds = _header(f)
-        if ds is None or not _is_candidate(ds):
+        if ds is None:
+            continue
+        if "PixelData" not in ds and _is_ct_image(ds):
+            raise DataError("truncated CT image file (no pixel data)", file=f,
+                            fix="re-export the series or delete the truncated file")
+        if not _is_candidate(ds):
             continue
         key = str(getattr(ds, "SeriesInstanceUID", "")) + "|" + "x".join(
             f"{v:.4f}" for v in np.asarray(ds.ImageOrientationPatient, float)) + f"|{ds.Rows}x{ds.Columns}"
