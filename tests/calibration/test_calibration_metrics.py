@@ -200,3 +200,39 @@ def test_report_positive_class_mode():
     assert r["ece_mode"] == "positive_class"
     assert r["ece"] == M.ece(p, y, 10, mode="positive_class")
     assert r["mean_confidence"] == pytest.approx(p.mean())
+
+
+@pytest.mark.parametrize("n_bins", [1, 3, 7, 10, 15])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_bin_index_is_exact_at_float64_edges(n_bins, dtype):
+    # values on, just below and just above every float64 linspace edge, in the input dtype:
+    # binning must equal the float64 (lo, hi] rule with 0 -> first bin, whatever the dtype
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    near = np.concatenate([edges, np.nextafter(edges, -1), np.nextafter(edges, 2)])
+    x = np.clip(near, 0, 1).astype(dtype)
+    x = np.concatenate([x, np.nextafter(x, dtype(-1)), np.nextafter(x, dtype(2))]).clip(0, 1)
+    ref = np.clip(np.searchsorted(edges, x.astype(np.float64), side="left") - 1, 0, n_bins - 1)
+    np.testing.assert_array_equal(M._bin_index(x, n_bins), ref)
+    # the same through ece (positive-class mode bins p(y=1) directly): dtype does not matter
+    y = np.arange(x.shape[0]) % 2
+    assert M.ece(x, y, n_bins, mode="positive_class") == pytest.approx(
+        M.ece(x.astype(np.float64), y, n_bins, mode="positive_class"), abs=1e-12)
+
+
+def test_top_label_ties_go_to_lowest_index_on_every_path():
+    p = np.array([[0.4, 0.4, 0.2], [0.2, 0.4, 0.4], [0.1, 0.1, 0.8]], dtype=np.float32)
+    y = np.array([1, 1, 2])
+    assert M.accuracy(p, y) == pytest.approx(2 / 3)
+    r = M.reliability_bins(p, y, n_bins=10)
+    assert r["count"][4] == 2 and r["accuracy"][4] == pytest.approx(0.5)  # float32 0.4 > 0.4
+    # a negative-stride view (numpy fallback path) gives the same answers
+    pr, yr = p[::-1], y[::-1]
+    assert M.accuracy(pr, yr) == pytest.approx(2 / 3)
+    assert M.ece(pr, yr, 10) == pytest.approx(M.ece(p, y, 10), abs=1e-15)
+
+
+def test_ece_float32_equals_float64_input(multiclass):
+    p, y = multiclass
+    p32 = p.astype(np.float32)
+    assert M.ece(p32, y, 15) == pytest.approx(M.ece(p32.astype(np.float64), y, 15), abs=1e-12)
+    assert M.ece(torch.from_numpy(p32), torch.from_numpy(y), 15) == M.ece(p32, y, 15)
