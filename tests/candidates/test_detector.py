@@ -99,12 +99,39 @@ def test_blobs_outside_the_lung_are_ignored_but_juxtapleural_kept():
     mask = np.zeros(SHAPE, bool)
     mask[22:60, 4:60, 3:33] = True
     mask[37:44, 28:37, 14:23] = False  # the nodule is cut out of a threshold-based lung mask
-    c = LoGBlobDetector(top_k=5).detect(vol, mask, SPACING, np.eye(4))
+    c = LoGBlobDetector(top_k=5, mask_closing_mm=10.0).detect(vol, mask, SPACING, np.eye(4))
     assert len(c) >= 1
     d_a = np.sqrt((((c.voxel - [10, 32, 18]) * SPACING) ** 2).sum(1))
     d_b = np.sqrt((((c.voxel - [40, 32, 18]) * SPACING) ** 2).sum(1))
     assert d_b.min() <= 2.6
     assert d_a.min() > 8.0
+
+
+def test_mask_border_voxels_are_not_candidates():
+    # a bright rib-like spot on the outermost layer of the lung mask is ignored (border_mm)
+    vol = _phantom(SHAPE, SPACING, [((5, 32, 18), 3.0), ((32, 32, 18), 4.0)], noise=0.0)
+    mask = np.zeros(SHAPE, bool)
+    mask[5:60, 4:60, 3:33] = True
+    c = LoGBlobDetector(top_k=5).detect(vol, mask, SPACING, np.eye(4))
+    assert np.sqrt((((c.voxel - [5, 32, 18]) * SPACING) ** 2).sum(1)).min() > 5.0
+    assert np.sqrt((((c.voxel[0] - [32, 32, 18]) * SPACING) ** 2).sum()) <= 2.6
+    c0 = LoGBlobDetector(top_k=5, border_mm=0.0).detect(vol, mask, SPACING, np.eye(4))
+    assert np.sqrt((((c0.voxel - [5, 32, 18]) * SPACING) ** 2).sum(1)).min() <= 2.6
+
+
+def test_shape_filter_ranks_a_nodule_above_a_vessel():
+    vol = np.full(SHAPE, 0.15, np.float32)
+    g = np.indices(SHAPE).astype(np.float32)
+    d_tube = np.sqrt(((g[0] - 20) * SPACING[0]) ** 2 + ((g[2] - 18) * SPACING[2]) ** 2)
+    vol += 0.6 / (1 + np.exp(np.clip((d_tube - 3.0) / 0.6, -50, 50)))  # vessel along y
+    d_ball = np.sqrt(((g[0] - 44) * SPACING[0]) ** 2 + ((g[1] - 30) * SPACING[1]) ** 2
+                     + ((g[2] - 18) * SPACING[2]) ** 2)
+    vol += 0.6 / (1 + np.exp(np.clip((d_ball - 3.0) / 0.6, -50, 50)))
+    mask = np.ones(SHAPE, bool)
+    c = LoGBlobDetector(top_k=5).detect(vol, mask, SPACING, np.eye(4))
+    assert np.sqrt((((c.voxel[0] - [44, 30, 18]) * SPACING) ** 2).sum()) <= 2.6
+    tube_scores = c.score[np.abs(c.voxel[:, 0] - 20) <= 2]
+    assert tube_scores.size == 0 or tube_scores.max() < 0.5 * c.score[0]
 
 
 def test_bad_inputs():
