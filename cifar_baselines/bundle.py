@@ -19,7 +19,10 @@ __all__ = ["load_bundle", "run_bundle", "main"]
 
 
 def load_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None):
-    """Parse a bundle file into a MONAI ``ConfigParser`` with top-level ``overrides`` applied."""
+    """Parse a bundle file into a MONAI ``ConfigParser`` with ``overrides`` applied.
+
+    Keys are top-level settings (``epochs``) or nested ids (``workflow#n_bootstrap``).
+    """
     from monai.bundle import ConfigParser
 
     path = Path(path)
@@ -27,6 +30,7 @@ def load_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None):
         raise ConfigError("bundle file not found", file=path, fix="run from the project root, e.g. bundles/cifar10lt_ce.json")
     parser = ConfigParser()
     parser.read_config(str(path))
+    parser.resolve_macro_and_relative_ids()  # expand '%' macros so nested ids can be overridden
     for key, value in (overrides or {}).items():
         if "#" not in key and key not in parser.get():
             raise ConfigError(f"unknown setting {key!r}", file=path, field=key,

@@ -97,7 +97,7 @@ def _tags(dataset: str, stage1: str, stage2: str) -> dict[str, str]:
 @dataclass
 class _Common:
     dataset: str = "cifar10"
-    data_dir: str = "runs/data/cifar10"
+    data_dir: str | None = None  # None: <output_dir>/data/cifar10, i.e. runs/data/cifar10
     download: bool = False
     imb_factor: float = 0.01
     val_per_class: int = 500
@@ -128,6 +128,8 @@ class _Common:
         device = resolve_device(self.device)
         out = Path(self.output_dir) if self.output_dir else default_output_dir()
         uri = self.tracking_uri or default_tracking_uri(out)
+        if not self.data_dir:
+            self.data_dir = str(out / "data" / "cifar10")
         prepare_data_dir(self.data_dir, download=self.download)
         splits = make_splits(self.data_dir, self.dataset, imb_factor=self.imb_factor, val_per_class=self.val_per_class,
                              seed=self.seed, subset=self.subset).to(device)
@@ -243,7 +245,7 @@ def _load_parent(parent_run: str | None, checkpoint: str | None, tracking_uri: s
             raise ConfigError("stage-1 checkpoint not found", file=path, field="checkpoint",
                               fix="point 'checkpoint' at a file written by a cifar stage-1 bundle")
         blob = torch.load(path, map_location="cpu", weights_only=True)
-        return blob["state_dict"], blob.get("settings", {})
+        return blob["state_dict"], {**blob.get("settings", {}), "run_id": blob.get("run_id")}
     if not parent_run:
         raise ConfigError("LAS needs a stage-1 model", field="parent_run",
                           fix="set 'parent_run' (a stage-1 MLflow run id) or 'checkpoint'")
