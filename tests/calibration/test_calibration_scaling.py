@@ -28,7 +28,7 @@ def test_ts_recovers_known_temperature(t_star):
     z, y = _sample(t_star)
     ts = TemperatureScaler().fit(z, y)
     assert ts.temperature == pytest.approx(t_star, rel=0.05)
-    assert ts.method == "lbfgs"
+    assert ts.method == "newton"
     assert ts.nll_after <= ts.nll_before
     assert ts.nll_after == pytest.approx(nll(ts.predict_proba(z), y), rel=1e-9)
 
@@ -45,15 +45,42 @@ def test_ts_never_changes_argmax_and_keeps_types():
     assert ece(pn, y.numpy()) < ece(torch.softmax(z, 1).numpy(), y.numpy())
 
 
-def test_ts_bounded_fallback_when_lbfgs_fails(monkeypatch):
+def test_ts_bounded_fallback_when_newton_fails(monkeypatch):
     import lungcal.calibration.scaling as S
 
     z, y = _sample(2.5, n=5000)
-    t_lbfgs = TemperatureScaler().fit(z, y).temperature
-    monkeypatch.setattr(S, "_lbfgs", lambda *a, **k: False)
+    t_newton = TemperatureScaler().fit(z, y).temperature
+    monkeypatch.setattr(S, "_newton_log_t", lambda *a, **k: None)
     ts = TemperatureScaler().fit(z, y)
     assert ts.method == "bounded"
-    assert ts.temperature == pytest.approx(t_lbfgs, rel=1e-4)
+    assert ts.temperature == pytest.approx(t_newton, rel=1e-6)
+
+
+def test_ts_objective_derivatives_match_finite_differences():
+    import lungcal.calibration.scaling as S
+
+    z, y = _sample(1.7, n=3000)
+    zn, yn = z.numpy(), y.numpy()
+    zy, zmax = zn[np.arange(3000), yn], zn.max(1)
+    for u in (-1.0, 0.0, 0.4, 1.5):
+        f, g, h = S._ts_objective(zn, zy, zmax, u)
+        assert f == pytest.approx(float(torch.nn.functional.cross_entropy(z / np.exp(u), y)), rel=1e-12)
+        eps = 1e-5
+        fp, gp, _ = S._ts_objective(zn, zy, zmax, u + eps)
+        fm, gm, _ = S._ts_objective(zn, zy, zmax, u - eps)
+        assert g == pytest.approx((fp - fm) / (2 * eps), rel=1e-6, abs=1e-9)
+        assert h == pytest.approx((gp - gm) / (2 * eps), rel=1e-6, abs=1e-9)
+
+
+def test_ts_newton_hits_the_nll_minimum():
+    z, y = _sample(0.8, n=4000)
+    ts = TemperatureScaler().fit(z, y)
+    from scipy.optimize import minimize_scalar
+
+    ref = minimize_scalar(lambda u: float(torch.nn.functional.cross_entropy(z / np.exp(u), y)),
+                          bounds=(-3, 3), method="bounded", options={"xatol": 1e-10})
+    assert ts.log_temperature == pytest.approx(ref.x, abs=1e-6)
+    assert ts.nll_after <= ref.fun + 1e-12
 
 
 def test_ts_refuses_probabilities_with_a_fix():
