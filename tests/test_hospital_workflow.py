@@ -19,10 +19,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SITE_A = dict(n_subjects=90, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
+# Run of 2026-11-29 with n=90 per site, B noise 60 HU / +40 HU offset / kernel 1.6 mm: the shift was
+# too destructive and the sites too small (B test n=18): B's AUC fell to 0.31, T hit its 100 bound,
+# ECE 0.341 -> 0.333 with overlapping CIs. Tuned after that run (not yet rerun): more subjects, a
+# milder scanner change (ranking should survive, calibration should not), and an AUC guard below.
+SITE_A = dict(n_subjects=140, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
               scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
-SITE_B = dict(n_subjects=90, prevalence=0.2, seed=12, shape=(176, 176, 75), spacing=(1.8, 1.8, 3.2),
-              scanner={"site": "site-b", "noise_hu": 60.0, "kernel_sigma_mm": 1.6, "hu_offset": 40.0})
+SITE_B = dict(n_subjects=160, prevalence=0.2, seed=12, shape=(176, 176, 75), spacing=(1.8, 1.8, 3.2),
+              scanner={"site": "site-b", "noise_hu": 40.0, "kernel_sigma_mm": 1.2, "hu_offset": 0.0})
 
 
 @pytest.mark.slow
@@ -76,6 +80,7 @@ def test_two_site_recalibration(tmp_path, capsys):
     with capsys.disabled():
         print("\nhospital workflow numbers:\n" + summary + "\n" + json.dumps(numbers, indent=2))
     before, after = numbers["site_b_before"], numbers["site_b_after"]
+    assert auc_a > 0.6 and before["auc"] > 0.55, "the model does not rank on site B: the shift is too destructive"
     assert before["ece"] > ece_a, "the scanner shift did not miscalibrate the model: tune SITE_B"
     assert after["ece"] < before["ece"], "local TS did not lower ECE on site B"
     assert after["auc"] == pytest.approx(before["auc"], abs=1e-9)  # TS never changes the ranking
