@@ -81,6 +81,26 @@ def _meta(affine_ras: np.ndarray, shape: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def _ras_flips(affine_ras: np.ndarray, shape: Sequence[int], allowed: Sequence[int] = (0, 1, 2)
+               ) -> tuple[tuple[int, ...], np.ndarray]:
+    """Axes to flip so that each voxel axis points along +R/+A/+S of its dominant world axis, and
+    the affine after those flips. Flipping while the data is copied anyway (int -> float32) saves
+    the extra full-volume copy that ``Orientation("RAS")`` would make later."""
+    aff = affine_ras.copy()
+    axes = []
+    for i in allowed:
+        j = int(np.argmax(np.abs(aff[:3, i])))
+        if aff[j, i] < 0:
+            axes.append(i)
+            aff[:3, 3] += aff[:3, i] * (shape[i] - 1)
+            aff[:3, i] = -aff[:3, i]
+    return tuple(axes), aff
+
+
+def _flipped(arr: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+    return arr[tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(arr.ndim))]
+
+
 # --------------------------------------------------------------------------------------------
 # SimpleITK: NIfTI, MetaImage, NRRD
 # --------------------------------------------------------------------------------------------
@@ -115,13 +135,14 @@ class SimpleITKReader(ImageReader):
             raise DataError(f"expected a 3D scalar CT volume, got {img.GetDimension()}D with "
                             f"{img.GetNumberOfComponentsPerPixel()} component(s)",
                             fix="provide a single 3D CT volume")
-        arr = sitk.GetArrayViewFromImage(img)  # (Z, Y, X), no copy
-        arr = np.ascontiguousarray(arr.transpose(2, 1, 0), dtype=np.float32)  # one copy to (X,Y,Z)
+        arr = sitk.GetArrayViewFromImage(img).transpose(2, 1, 0)  # (X, Y, Z) view, no copy
         direction = np.asarray(img.GetDirection(), dtype=np.float64).reshape(3, 3)
         affine = np.eye(4)
         affine[:3, :3] = direction @ np.diag(img.GetSpacing())
         affine[:3, 3] = img.GetOrigin()
-        return arr, _meta(_LPS_TO_RAS @ affine, arr.shape)
+        axes, affine = _ras_flips(_LPS_TO_RAS @ affine, arr.shape)
+        arr = np.ascontiguousarray(_flipped(arr, axes), dtype=np.float32)  # the one copy
+        return arr, _meta(affine, arr.shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,22 +257,26 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
                         fix="re-export the complete series, or pass allow_gaps=True to interpolate across the gap")
 
     rows, cols = int(ds0.Rows), int(ds0.Columns)
-    vol = np.empty((cols, rows, len(members)), dtype=np.float32)  # (X=column index, Y=row index, Z)
-    for k, (f, ds) in enumerate(members):
-        vol[:, :, k] = _slice_hu(f, ds, rows, cols).T
-
     dr, dc = (float(v) for v in ds0.PixelSpacing)  # (between rows, between columns)
-    uneven = bool(gaps.size) or (steps.max() - steps.min()) > uneven_tol * step
-    if uneven:
-        target = proj[0] + step * np.arange(int(round((proj[-1] - proj[0]) / step)) + 1)
-        vol = _resample_z(vol, proj, target)
-        log.info("uneven slice spacing (%.3f-%.3f mm): resampled to %.3f mm", steps.min(), steps.max(), step)
     affine = np.eye(4)
     affine[:3, 0] = row_cos * dc
     affine[:3, 1] = col_cos * dr
     affine[:3, 2] = normal * step
     affine[:3, 3] = positions[order[0]]
-    return vol, _LPS_TO_RAS @ affine
+    shape = (cols, rows, len(members))  # (X = column index, Y = row index, Z = sorted slice)
+    # in-plane flips towards RAS happen while the slices are written (no extra copy later); the
+    # slice axis keeps the sorted order (increasing along the normal)
+    axes, affine_ras = _ras_flips(_LPS_TO_RAS @ affine, shape, allowed=(0, 1))
+    vol = np.empty(shape, dtype=np.float32)
+    target = _flipped(vol, axes)
+    for k, (f, ds) in enumerate(members):
+        target[:, :, k] = _slice_hu(f, ds, rows, cols).T
+    uneven = bool(gaps.size) or (steps.max() - steps.min()) > uneven_tol * step
+    if uneven:
+        grid = proj[0] + step * np.arange(int(round((proj[-1] - proj[0]) / step)) + 1)
+        vol = _resample_z(vol, proj, grid)
+        log.info("uneven slice spacing (%.3f-%.3f mm): resampled to %.3f mm", steps.min(), steps.max(), step)
+    return vol, affine_ras
 
 
 def _slice_hu(path: Path, ds, rows: int, cols: int) -> np.ndarray:

@@ -224,8 +224,9 @@ class HUWindowd(MapTransform):
 
 
 class LungMaskd(MapTransform):
-    """Compute the lung mask of the HU image ``d[key]`` into ``d[mask_key]`` (float32 0/1 MetaTensor,
-    same geometry). Parameters as :func:`lung_mask`."""
+    """Compute the lung mask of the HU image ``d[key]`` into ``d[mask_key]`` (uint8 0/1 MetaTensor,
+    same geometry; :class:`CropToLungd` turns it into float32 after cropping). Parameters as
+    :func:`lung_mask`."""
 
     def __init__(self, keys: KeysCollection = "image", mask_key: str = "lung_mask", threshold: float = -400.0,
                  mask_voxel_mm: float = 3.0, closing_mm: float = 6.0, min_lung_ml: float = 150.0,
@@ -242,7 +243,7 @@ class LungMaskd(MapTransform):
             arr = img[0].detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)[0]
             spacing = _spacing_of(img) if isinstance(img, MetaTensor) else np.ones(3)
             m = lung_mask(arr, spacing, file=_filename(img), **self.kwargs)
-            mt = torch.from_numpy(m[None].astype(np.float32))
+            mt = torch.from_numpy(m[None].view(np.uint8))  # 1 byte/voxel until the crop (see CropToLungd)
             d[self.mask_key] = MetaTensor(mt, meta={**img.meta, "affine": img.affine.clone()}) \
                 if isinstance(img, MetaTensor) else mt
         return d
@@ -251,7 +252,8 @@ class LungMaskd(MapTransform):
 class CropToLungd(MapTransform):
     """Crop ``keys`` (image and mask) to the bounding box of ``d[mask_key]`` plus ``margin_mm``.
 
-    The crop is a MONAI ``SpatialCrop``, so the affine of the outputs moves with the box.
+    The crop is a MONAI ``SpatialCrop``, so the affine of the outputs moves with the box. The
+    cropped mask comes out float32 {0, 1}.
     """
 
     def __init__(self, keys: KeysCollection = ("image", "lung_mask"), mask_key: str = "lung_mask",
@@ -269,6 +271,8 @@ class CropToLungd(MapTransform):
         crop = SpatialCrop(roi_start=start, roi_end=end)
         for key in self.key_iterator(d):
             d[key] = crop(d[key])
+        if isinstance(d[self.mask_key], torch.Tensor) and not d[self.mask_key].is_floating_point():
+            d[self.mask_key] = d[self.mask_key].float()  # float32 {0, 1} for resampling and downstream use
         return d
 
 
