@@ -106,7 +106,8 @@ def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -4
     """
     spacing = np.asarray(spacing, dtype=float)
     step = np.maximum(1, np.floor(mask_voxel_mm / spacing + 1e-6)).astype(int)
-    coarse = hu[:: step[0], :: step[1], :: step[2]]
+    off = step // 2  # sample the centre of each step^3 block, so block-repeat is nearest-neighbour
+    coarse = hu[off[0]:: step[0], off[1]:: step[1], off[2]:: step[2]]
     cs = spacing * step
     air = coarse < threshold
     labels, n = ndi.label(air)
@@ -142,9 +143,14 @@ def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -4
                                                       pad[2]: pad[2] + hi[2] - lo[2]]
     if (step == 1).all():
         return mask
-    idx = [np.minimum(np.round(np.arange(s) / st).astype(int), m - 1)
-           for s, st, m in zip(hu.shape, step, mask.shape)]
-    return mask[np.ix_(*idx)]
+    full = mask
+    for ax in range(3):
+        if step[ax] > 1:
+            full = np.repeat(full, step[ax], axis=ax)
+    pad = [(0, max(n - f, 0)) for n, f in zip(hu.shape, full.shape)]
+    if any(p[1] for p in pad):
+        full = np.pad(full, pad, mode="edge")
+    return full[: hu.shape[0], : hu.shape[1], : hu.shape[2]]
 
 
 def _fill_holes_2d(mask: np.ndarray) -> np.ndarray:
@@ -266,7 +272,11 @@ class CropToLungd(MapTransform):
         d = dict(data)
         mask = d[self.mask_key]
         spacing = _spacing_of(mask) if isinstance(mask, MetaTensor) else np.ones(3)
-        arr = (mask[0] > 0).cpu().numpy() if isinstance(mask, torch.Tensor) else np.asarray(mask)[0] > 0
+        if isinstance(mask, torch.Tensor):
+            m0 = mask[0].detach().cpu()
+            arr = m0.numpy().view(bool) if m0.dtype == torch.uint8 else (m0 > 0).numpy()
+        else:
+            arr = np.asarray(mask)[0] > 0
         start, end = lung_bbox(arr, spacing, self.margin_mm)
         crop = SpatialCrop(roi_start=start, roi_end=end)
         for key in self.key_iterator(d):
