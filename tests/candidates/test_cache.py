@@ -58,7 +58,7 @@ def test_key_depends_on_source_content_params_and_version(sources, tmp_path, mon
     assert cache.key(a, BagParams(k=4)) != k
     assert cache.key(a, BagParams(patch_size=12)) != k
     assert cache.key(a, BagParams(spacing=(2.0, 2.0, 2.0))) != k
-    assert cache.key(a, BagParams(hu_window=(-1200, 600))) != k
+    assert cache.key(a, BagParams(hu_window=(-1000, 400))) != k
     assert cache.key(a, {"detector": {"threshold": 0.2}}) != k
     # explicit defaults hash like implicit ones
     assert cache.key(a, {"detector": {"top_k": 32}}) == k
