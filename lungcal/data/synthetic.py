@@ -517,9 +517,7 @@ def write_dicom_series(hu: np.ndarray, origin_lps, spacing, folder: str | os.Pat
     common.PixelRepresentation = 0
     common.RescaleSlope, common.RescaleIntercept, common.RescaleType = 1, -1024, "HU"
     common.WindowCenter, common.WindowWidth = -600, 1500
-    paths = []
-    for k in range(hu.shape[2]):
-        sop = _uid(rng)
+    def slice_ds(k: int, sop: str, fixed: bool) -> Dataset:
         meta = FileMetaDataset()
         meta.MediaStorageSOPClassUID = CTImageStorage
         meta.MediaStorageSOPInstanceUID = sop
@@ -527,18 +525,75 @@ def write_dicom_series(hu: np.ndarray, origin_lps, spacing, folder: str | os.Pat
         ds = Dataset(dict(common))
         ds.file_meta = meta
         ds.SOPInstanceUID = sop
-        ds.InstanceNumber = k + 1
-        ds.ImagePositionPatient = [float(origin_lps[0]), float(origin_lps[1]), float(origin_lps[2] + k * dz)]
-        ds.SliceLocation = float(origin_lps[2] + k * dz)
-        plane = np.ascontiguousarray(stored[:, :, k].T)  # (rows = Y, columns = X)
-        if transfer_syntax == RLELossless:
-            ds.compress(RLELossless, plane)
+        z = float(origin_lps[2] + k * dz)
+        if fixed:  # fixed-width strings, so later slices can be patched in place (see below)
+            ds.InstanceNumber = 100000 + k + 1  # 6 digits in the template; patched as right-aligned "{k+1:>6}"
+            ds.ImagePositionPatient = [_ds13(origin_lps[0]), _ds13(origin_lps[1]), _ds13(z)]
+            ds.SliceLocation = _ds13(z)
         else:
-            ds.PixelData = plane.tobytes()
-        p = folder / f"slice_{k:04d}.dcm"
-        ds.save_as(p, enforce_file_format=True)
-        paths.append(p)
+            ds.InstanceNumber = k + 1
+            ds.ImagePositionPatient = [float(origin_lps[0]), float(origin_lps[1]), z]
+            ds.SliceLocation = z
+        return ds
+
+    n = hu.shape[2]
+    paths = [folder / f"slice_{k:04d}.dcm" for k in range(n)]
+    if transfer_syntax == RLELossless:
+        for k, p in enumerate(paths):
+            ds = slice_ds(k, _uid(rng), fixed=False)
+            ds.compress(RLELossless, np.ascontiguousarray(stored[:, :, k].T))
+            ds.save_as(p, enforce_file_format=True)
+        return paths
+    # Uncompressed: encode slice 0 with pydicom, then write every slice as that byte template with
+    # its SOPInstanceUID, InstanceNumber, ImagePositionPatient, SliceLocation and pixels patched in
+    # place (all fixed width). ~20x faster than one dcmwrite per slice; the tests read it back.
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import dcmwrite
+
+    sops = [_fixed_uid(rng) for _ in range(n)]
+    buf = DicomBytesIO()
+    first = slice_ds(0, sops[0], fixed=True)
+    first.PixelData = np.ascontiguousarray(stored[:, :, 0].T).tobytes()
+    dcmwrite(buf, first, enforce_file_format=True)
+    template = bytes(buf.getvalue())
+    pix_off = len(template) - stored.shape[0] * stored.shape[1] * 2
+    fields = {"meta_sop": _elem(template, 0x0002, 0x0003, b"UI"), "sop": _elem(template, 0x0008, 0x0018, b"UI"),
+              "inst": _elem(template, 0x0020, 0x0013, b"IS"), "ipp": _elem(template, 0x0020, 0x0032, b"DS"),
+              "loc": _elem(template, 0x0020, 0x1041, b"DS")}
+    for k, p in enumerate(paths):
+        z = float(origin_lps[2] + k * dz)
+        values = {"meta_sop": sops[k], "sop": sops[k], "inst": f"{k + 1:>6}",
+                  "ipp": "\\".join([_ds13(origin_lps[0]), _ds13(origin_lps[1]), _ds13(z)]), "loc": _ds13(z)}
+        out = bytearray(template)
+        for key, (off, length) in fields.items():
+            v = values[key].encode("ascii")
+            if len(v) > length or len(v) < length - 1:
+                raise AssertionError(f"DICOM template field {key} has length {length}, value {len(v)}")
+            out[off: off + length] = v.ljust(length, b"\0" if key.endswith("sop") else b" ")
+        out[pix_off:] = np.ascontiguousarray(stored[:, :, k].T).tobytes()
+        p.write_bytes(out)
     return paths
+
+
+def _ds13(v: float) -> str:
+    return f"{float(v):+.6e}"  # 13 characters, a valid DS
+
+
+def _fixed_uid(rng: np.random.Generator) -> str:
+    a, b, c = int(rng.integers(10**12, 10**13)), int(rng.integers(0, 10**13)), int(rng.integers(0, 10**12))
+    return f"2.25.{a}{b:013d}{c:012d}"  # 2.25.<38 digits> (< 2**128), always 43 characters
+
+
+def _elem(data: bytes, group: int, element: int, vr: bytes) -> tuple[int, int]:
+    """(value offset, value length) of a short-form explicit-VR little-endian element."""
+    import struct
+
+    key = struct.pack("<HH", group, element) + vr
+    pos = data.find(key)
+    if pos < 0:
+        raise AssertionError(f"element ({group:04X},{element:04X}) not in the DICOM template")
+    (length,) = struct.unpack("<H", data[pos + 6: pos + 8])
+    return pos + 8, length
 
 
 def _write_nifti(hu: np.ndarray, origin_lps, spacing, path: Path) -> None:
