@@ -17,9 +17,10 @@ Lung mask (:func:`lung_mask`), vectorised with ``scipy.ndimage``:
 2. threshold at ``threshold`` HU (air and lung);
 3. drop every air component that touches the in-plane border of the volume (outside air; the
    top/bottom slices may cut through the lungs, so they do not count as border);
-4. keep the largest component and, if it is at least ``second_ratio`` of it, the second largest
-   (the two lungs, or one component when the bronchi join them); the trachea and bowel gas are
-   smaller and dropped;
+4. erode by ``airway_cut_mm`` (cuts the main bronchi, so the trachea separates from the lungs),
+   keep the largest component and, if it is at least ``second_ratio`` of it, the second largest
+   (the two lungs); the trachea and bowel gas are smaller and dropped; grow the kept lungs back
+   by the same radius inside the air;
 5. fill holes in 3D and slice by slice (vessels and nodules inside the lung), then close with a
    ball of ``closing_mm`` to take in juxtapleural nodules and vessels at the lung surface;
 6. upsample (nearest) back to the native grid.
@@ -85,7 +86,7 @@ def _ball(radius_vox: Sequence[float]) -> np.ndarray:
 
 def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -400.0,
               mask_voxel_mm: float = 3.0, closing_mm: float = 6.0, min_lung_ml: float = 150.0,
-              second_ratio: float = 0.15, file: str | None = None) -> np.ndarray:
+              second_ratio: float = 0.15, airway_cut_mm: float = 5.0, file: str | None = None) -> np.ndarray:
     """3D lung mask of a HU volume ``(X, Y, Z)``; see the module docstring for the steps.
 
     Args:
@@ -96,6 +97,9 @@ def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -4
         closing_mm: radius of the morphological closing (mm).
         min_lung_ml: below this total lung volume the scan has no lungs.
         second_ratio: the second largest air component is kept when at least this fraction of the largest.
+        airway_cut_mm: the components are found after an erosion of this radius, which cuts the
+            bronchi joining trachea and lungs; the kept lungs are then grown back (by the same
+            radius, inside the air). 0 disables it.
         file: for the error message.
 
     Returns:
@@ -111,24 +115,35 @@ def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -4
     cs = spacing * step
     air = coarse < threshold
     labels, n = ndi.label(air)
-    if n:
+    if n:  # drop the air outside the body (components touching the in-plane border)
         border = np.unique(np.concatenate([labels[0].ravel(), labels[-1].ravel(), labels[:, 0].ravel(),
                                            labels[:, -1].ravel()]))
+        inside = air & ~np.isin(labels, border)
+    else:
+        inside = air
+    core = inside
+    cut = airway_cut_mm / cs
+    if airway_cut_mm > 0 and (cut >= 1).any():  # cut the bronchi that join trachea and lungs
+        core = ndi.binary_erosion(inside, structure=_ball(cut))
+        if not core.any():
+            core = inside
+    labels, n = ndi.label(core)
+    keep: list[int] = []
+    if n:
         sizes = np.bincount(labels.ravel(), minlength=n + 1).astype(np.int64)
         sizes[0] = 0
-        sizes[border] = 0
         order = np.argsort(-sizes)[:2]
-        keep = [order[0]] if sizes[order[0]] > 0 else []
+        keep = [int(order[0])] if sizes[order[0]] > 0 else []
         if len(order) > 1 and sizes[order[1]] > 0 and sizes[order[1]] >= second_ratio * sizes[order[0]]:
-            keep.append(order[1])
-        vol_ml = float(sizes[keep].sum() * np.prod(cs) / 1000.0) if keep else 0.0
-    else:
-        keep, vol_ml = [], 0.0
+            keep.append(int(order[1]))
+    mask = np.isin(labels, keep) if keep else np.zeros_like(inside)
+    if core is not inside:  # grow the kept lungs back inside the air they came from
+        mask = ndi.binary_dilation(mask, structure=_ball(cut)) & inside
+    vol_ml = float(mask.sum() * np.prod(cs) / 1000.0)
     if vol_ml < min_lung_ml:
         raise DataError(f"no lungs found (lung-like air inside the body: {vol_ml:.0f} mL < {min_lung_ml:.0f} mL)",
                         file=file, fix="check that the image is a chest CT (not an abdomen-only scan or a scout) "
                                        "or remove it from the datalist")
-    mask = np.isin(labels, keep)
     # work on the lung box (padded by the closing radius) only
     rad = closing_mm / cs
     pad = np.ceil(rad).astype(int) + 1
@@ -236,11 +251,11 @@ class LungMaskd(MapTransform):
 
     def __init__(self, keys: KeysCollection = "image", mask_key: str = "lung_mask", threshold: float = -400.0,
                  mask_voxel_mm: float = 3.0, closing_mm: float = 6.0, min_lung_ml: float = 150.0,
-                 allow_missing_keys: bool = False):
+                 airway_cut_mm: float = 5.0, allow_missing_keys: bool = False):
         super().__init__(keys, allow_missing_keys)
         self.mask_key = mask_key
         self.kwargs = dict(threshold=threshold, mask_voxel_mm=mask_voxel_mm, closing_mm=closing_mm,
-                           min_lung_ml=min_lung_ml)
+                           min_lung_ml=min_lung_ml, airway_cut_mm=airway_cut_mm)
 
     def __call__(self, data):
         d = dict(data)
@@ -319,7 +334,8 @@ def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
         margin_mm: margin around the lung box.
         allow_gaps: DICOM: interpolate across missing slices instead of failing.
         load: include the loader (False when ``image`` is already a HU MetaTensor).
-        mask_kwargs: passed to :class:`LungMaskd` (threshold, mask_voxel_mm, closing_mm, min_lung_ml).
+        mask_kwargs: passed to :class:`LungMaskd` (threshold, mask_voxel_mm, closing_mm, min_lung_ml,
+            airway_cut_mm).
     """
     chain: list = [LoadCTd("image", allow_gaps=allow_gaps)] if load else []
     chain += [LungMaskd("image", **mask_kwargs), CropToLungd(("image", "lung_mask"), margin_mm=margin_mm)]

@@ -49,6 +49,11 @@ def test_lung_mask_recovers_the_phantom_lungs(phantom):
     assert m[tuple(c)]
     # the air outside the body (touching the in-plane border) is never lung
     assert not m[0].any() and not m[-1].any() and not m[:, 0].any() and not m[:, -1].any()
+    # the trachea (midline, above the carina) is cut off at the bronchi and dropped
+    c = SHAPE[0] // 2
+    assert not m[c - 1: c + 2, :, -10:].any()
+    assert (m & ~truth).sum() < 0.01 * truth.sum()
+    assert lung_mask(hu, SPACING, airway_cut_mm=0)[c - 1: c + 2, :, -10:].any()  # joined without the cut
 
 
 def test_no_lungs_raises(tmp_path):
