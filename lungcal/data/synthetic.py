@@ -752,7 +752,7 @@ def ensure_demo_cohort(root: str | os.PathLike | None = None, progress: bool = T
 
     The demo (:data:`DEMO_DEFAULTS`): 200 subjects, prevalence 0.4, seed 0, 128x128x96 voxels at
     2.5 mm, DICOM series in the datalist (so the real DICOM reader is exercised); about 30 s on two
-    cores and 600 MB on disk; preprocessing one of its CTs takes ~0.25 s on one core. It lives in
+    cores and 600 MB on disk; preprocessing one of its CTs takes ~0.3 s on one core. It lives in
     ``<root>/synthetic_demo`` (``root`` defaults to ``$LUNGCAL_HOME/data`` or ``./runs/data``); it
     is generated in a temporary sibling folder and renamed into place, so an interrupted run never
     leaves a half-written cohort. ``overrides`` change the defaults and the folder name.
