@@ -27,8 +27,11 @@ def test_detector_cpm_on_a_synthetic_cohort(tmp_path):
     from lungcal.data.manifest import load_manifest
     from lungcal.data.synthetic import make_cohort
 
-    dl = make_cohort(tmp_path / "c", n_subjects=6, prevalence=0.5, seed=3, formats=("nifti",), num_workers=1,
+    dl = make_cohort(tmp_path / "c", n_subjects=16, prevalence=0.5, seed=3, formats=("nifti",), num_workers=1,
                      progress=False)
     res = evaluate_detector(load_manifest(dl), read_annotations(tmp_path / "c" / "annotations.csv"), progress=False)
+    # a floor against regressions (a wrong world frame or mask gives ~0); the figures on larger
+    # cohorts are 0.83 (40 CTs) to 0.86 (160 CTs), see scripts/bench_mil.py --cpm. 16 CTs vary a lot.
     assert res["n_nodules"] > 0
-    assert res["cpm"] >= 0.6, res
+    assert res["cpm"] >= 0.5, res
+    assert res["max_sensitivity"] >= 0.7, res
