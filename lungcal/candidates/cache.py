@@ -10,7 +10,9 @@ The key hashes
   large real data, but a copied folder is then a cache miss);
 - the resolved parameters: preprocessing (spacing, HU window, margin, extra ``preprocess_ct``
   keywords), the detector class and all its settings, K and P;
-- :data:`CACHE_VERSION`, bumped whenever the code changes what an entry contains.
+- :data:`CACHE_VERSION`, bumped whenever the code changes what an entry contains, and
+  :func:`code_fingerprint`, a hash of the source of ``lungcal.ct.io``/``transforms`` and of the
+  detector and extraction modules (so an edited preprocessing never serves stale bags).
 
 Each entry holds ``bag (K, 1, P, P, P)`` float32, ``mask (K,)`` bool, the candidates' ``world``
 (mm), ``voxel``, ``radius_mm`` and ``score`` (the first ``min(N, K)`` candidates, aligned with the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing as mp
@@ -43,7 +46,7 @@ from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.ct.transforms import DEFAULT_HU_WINDOW
 from lungcal.errors import CacheError, ConfigError, DataError
 
-__all__ = ["CACHE_VERSION", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags", "load_bag"]
+__all__ = ["CACHE_VERSION", "code_fingerprint", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags", "load_bag"]
 
 CACHE_VERSION = "bags-v1"
 _ENTRY_KEYS = ("bag", "mask", "world", "voxel", "radius_mm", "score", "affine", "spacing", "n_detected", "meta")
@@ -157,6 +160,22 @@ def _hash_file(h, f: Path, mode: str) -> None:
     h.update(b"\0")
 
 
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 of the source of the code that shapes a bag (CT reading/preprocessing, detector,
+    extraction), so that editing it invalidates cached bags even without a CACHE_VERSION bump."""
+    import importlib
+
+    h = hashlib.sha256()
+    for name in ("lungcal.ct.io", "lungcal.ct.transforms", "lungcal.candidates.detector", "lungcal.candidates.bags"):
+        mod = importlib.import_module(name)
+        src = getattr(mod, "__file__", None)
+        h.update(name.encode() + b"\0")
+        if src and os.path.isfile(src):
+            h.update(Path(src).read_bytes())
+    return h.hexdigest()
+
+
 def load_bag(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Load a cache entry (``.npz``, no pickles) into a dict of numpy arrays."""
     try:
@@ -193,6 +212,7 @@ class BagCache:
         """Cache key of ``source`` (a file or DICOM folder) under ``params``."""
         payload = {
             "version": CACHE_VERSION,
+            "code": code_fingerprint(),
             "source": hash_source(source, self.source_mode),
             "params": BagParams.from_any(params).resolved(),
         }

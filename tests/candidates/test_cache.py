@@ -77,6 +77,10 @@ def test_key_depends_on_source_content_params_and_version(sources, tmp_path, mon
     assert cache.key(series) != ks2
     monkeypatch.setattr("lungcal.candidates.cache.CACHE_VERSION", CACHE_VERSION + "x")
     assert cache.key(a) != k
+    monkeypatch.undo()
+    assert cache.key(a) == k
+    monkeypatch.setattr("lungcal.candidates.cache.code_fingerprint", lambda: "edited preprocessing")
+    assert cache.key(a) != k
 
 
 def test_stat_mode_and_bad_params(sources, tmp_path):
