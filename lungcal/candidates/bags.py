@@ -13,20 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .detector import _as_volume
+
 __all__ = ["extract_bag", "extract_patches"]
-
-
-def _volume(image) -> np.ndarray:
-    if hasattr(image, "detach"):
-        image = image.detach().cpu().numpy()
-    image = np.asarray(image)
-    if image.ndim == 4:
-        if image.shape[0] != 1:
-            raise ValueError(f"expected a single-channel volume (1, X, Y, Z), got shape {image.shape}")
-        image = image[0]
-    if image.ndim != 3:
-        raise ValueError(f"expected a 3D volume, got shape {image.shape}")
-    return image
 
 
 def extract_patches(image, centres_vox, patch_size: int, pad_value: float = 0.0) -> np.ndarray:
@@ -34,7 +23,7 @@ def extract_patches(image, centres_vox, patch_size: int, pad_value: float = 0.0)
 
     Centres may lie anywhere (even outside the volume); out-of-volume voxels read ``pad_value``.
     """
-    vol = _volume(image).astype(np.float32, copy=False)
+    vol = _as_volume(image).astype(np.float32, copy=False)
     p = int(patch_size)
     if p < 1:
         raise ValueError(f"patch_size must be >= 1, got {patch_size}")

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from lungcal.errors import ConfigError
+from lungcal.paths import lungcal_home
 
 __all__ = ["SPLITS", "get_salt", "pseudonym", "assign_splits", "apply_splits"]
 
@@ -37,7 +38,7 @@ SPLITS = ("train", "val", "test")
 
 
 def _home() -> Path:
-    return Path(os.environ.get("LUNGCAL_HOME") or (Path.cwd() / "runs")).absolute()
+    return lungcal_home()
 
 
 def get_salt() -> str:

@@ -55,6 +55,7 @@ from scipy import ndimage as ndi
 
 from lungcal.errors import ConfigError
 
+from ..paths import lungcal_home
 from .manifest import save_manifest
 from .splits import apply_splits, pseudonym
 
@@ -758,7 +759,7 @@ def ensure_demo_cohort(root: str | os.PathLike | None = None, progress: bool = T
     leaves a half-written cohort. ``overrides`` change the defaults and the folder name.
     """
     if root is None:
-        root = Path(os.environ.get("LUNGCAL_HOME") or (Path.cwd() / "runs")) / "data"
+        root = lungcal_home() / "data"
     root = Path(root).absolute()
     params = {**DEMO_DEFAULTS, **overrides}
     name = "synthetic_demo" if not overrides else "synthetic_" + "_".join(

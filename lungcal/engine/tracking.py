@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import tempfile
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from lungcal.errors import TrackingError
+from lungcal.paths import lungcal_home
 
 __all__ = [
     "TAG_DATASET",
@@ -68,8 +68,7 @@ _PATH_SUFFIX = re.compile(
 
 def default_output_dir() -> Path:
     """Where a run writes everything by default: ``$LUNGCAL_HOME``, else ``./runs`` (absolute)."""
-    home = os.environ.get("LUNGCAL_HOME")
-    return Path(home).expanduser().resolve() if home else (Path.cwd() / "runs").resolve()
+    return lungcal_home()
 
 
 def default_tracking_uri(output_dir: str | Path | None = None) -> str:
