@@ -177,6 +177,9 @@ class LoGBlobDetector:
             the outermost voxels of a lung mask straddle the chest wall and the ribs.
         shape_filter: re-score the LoG peaks with the Hessian "dot" filter (Li et al. 2003), so
             that vessels and fissures rank below round nodules; False keeps the plain LoG score.
+        log_weight: with ``shape_filter``, the score is ``dot + log_weight * LoG``. A nodule that
+            touches a vessel or the pleura has an indefinite Hessian at its peak (dot score 0)
+            and would otherwise be dropped; the small LoG term keeps it in the ranking.
     """
 
     radii_mm: Sequence[float] = (2.5, 3.5, 5.0, 7.0, 10.0, 14.0)
@@ -188,6 +191,7 @@ class LoGBlobDetector:
     background: float | None = None
     shape_filter: bool = True
     border_mm: float = 3.0
+    log_weight: float = 0.1
 
     def __post_init__(self) -> None:
         if len(self.radii_mm) < 1 or min(self.radii_mm) <= 0:
@@ -255,7 +259,7 @@ class LoGBlobDetector:
         vox = np.stack([x, y, z], axis=1)
         score = stack[s_idx, x, y, z].astype(np.float64)
         if self.shape_filter:
-            score = self._dot_score(smooth, sigmas, s_idx, vox, spacing)
+            score = self._dot_score(smooth, sigmas, s_idx, vox, spacing) + self.log_weight * score
             ok = score > 0
             s_idx, vox, score = s_idx[ok], vox[ok], score[ok]
             if s_idx.size == 0:
