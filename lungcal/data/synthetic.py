@@ -124,7 +124,7 @@ class Nodule:
 
 #: the built-in demo cohort (see :func:`ensure_demo_cohort`)
 DEMO_DEFAULTS = {
-    "n_subjects": 200,
+    "n_subjects": 600,
     "prevalence": 0.4,
     "seed": 0,
     "shape": (128, 128, 96),
@@ -751,18 +751,25 @@ def make_cohort(
 def ensure_demo_cohort(root: str | os.PathLike | None = None, progress: bool = True, **overrides) -> Path:
     """Return the datalist of the built-in demo cohort, generating it once.
 
-    The demo (:data:`DEMO_DEFAULTS`): 200 subjects, prevalence 0.4, seed 0, 128x128x96 voxels at
-    2.5 mm, DICOM series in the datalist (so the real DICOM reader is exercised); about 30 s on two
-    cores and 600 MB on disk; preprocessing one of its CTs takes ~0.3 s on one core. It lives in
-    ``<root>/synthetic_demo`` (``root`` defaults to ``$LUNGCAL_HOME/data`` or ``./runs/data``); it
-    is generated in a temporary sibling folder and renamed into place, so an interrupted run never
-    leaves a half-written cohort. ``overrides`` change the defaults and the folder name.
+    The demo (:data:`DEMO_DEFAULTS`): 600 subjects (360/120/120 train/val/test), prevalence 0.4,
+    seed 0, 128x128x96 voxels at 2.5 mm, DICOM series in the datalist (so the real DICOM reader is
+    exercised); about 80 s on two cores and 2 GB on disk; preprocessing one of its CTs takes ~0.3 s
+    on one core. 600 rather than 200: with 120 training CTs the MIL model learns nothing (test AUC
+    ~0.45 on 40 test CTs, CI +-0.2), with 360 it reaches 0.66 (CE). It lives in
+    ``<root>/synthetic_demo_<n_subjects>`` (``root`` defaults to ``$LUNGCAL_HOME/data`` or
+    ``./runs/data``), so a change of the default never reuses an older demo; it is generated in a
+    temporary sibling folder and renamed into place, so an interrupted run never leaves a
+    half-written cohort. ``overrides`` change the defaults and the folder name.
     """
     if root is None:
         root = lungcal_home() / "data"
     root = Path(root).absolute()
+    def _same(a, b):
+        return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
+
+    overrides = {k: v for k, v in overrides.items() if k not in DEMO_DEFAULTS or not _same(v, DEMO_DEFAULTS[k])}
     params = {**DEMO_DEFAULTS, **overrides}
-    name = "synthetic_demo" if not overrides else "synthetic_" + "_".join(
+    name = f"synthetic_demo_{DEMO_DEFAULTS['n_subjects']}" if not overrides else "synthetic_" + "_".join(
         f"{k}-{'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in sorted(overrides.items()))
     final = root / name
     datalist = final / "datalist.json"
