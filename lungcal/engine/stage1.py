@@ -237,6 +237,7 @@ class EpochMetricsLogger:
     def __init__(self, log: Callable[[Mapping[str, float], int], None]) -> None:
         self.log = log
         self._losses: list[float] = []
+        self._last_loss = float("nan")
 
     def attach(self, trainer, evaluator) -> None:
         from ignite.engine import Events
@@ -252,14 +253,18 @@ class EpochMetricsLogger:
         @trainer.on(Events.EPOCH_COMPLETED)
         def _train(engine):
             lr = engine.optimizer.param_groups[0]["lr"]
-            self.log({"train/loss": float(np.mean(self._losses)) if self._losses else float("nan"), "train/lr": lr},
-                     engine.state.epoch)
+            self._last_loss = float(np.mean(self._losses)) if self._losses else float("nan")
+            self.log({"train/loss": self._last_loss, "train/lr": lr}, engine.state.epoch)
 
         @evaluator.on(Events.EPOCH_COMPLETED)
         def _val(engine):
             m = {f"val/{k[4:] if k.startswith('val_') else k}": v for k, v in engine.state.metrics.items()
                  if isinstance(v, (int, float))}
             self.log(m, trainer.state.epoch)
+            if trainer.state.epoch:  # one progress line per epoch (the run's only console output while training)
+                logger.info("epoch %d/%d  train loss %.4f  val AUC %.3f  ECE %.3f", trainer.state.epoch,
+                            trainer.state.max_epochs, self._last_loss,
+                            m.get("val/auc", float("nan")), m.get("val/ece", float("nan")))
 
 
 def _calibration_metric(n_bins: int):
