@@ -237,7 +237,11 @@ class EpochMetricsLogger:
     def __init__(self, log: Callable[[Mapping[str, float], int], None]) -> None:
         self.log = log
         self._losses: list[float] = []
-        self._last_loss = float("nan")
+
+    def _epoch_loss(self) -> float:
+        # the validation runs inside the trainer's EPOCH_COMPLETED, possibly before _train: read the
+        # losses of the epoch directly rather than a value _train may not have stored yet
+        return float(np.mean(self._losses)) if self._losses else float("nan")
 
     def attach(self, trainer, evaluator) -> None:
         from ignite.engine import Events
@@ -253,8 +257,7 @@ class EpochMetricsLogger:
         @trainer.on(Events.EPOCH_COMPLETED)
         def _train(engine):
             lr = engine.optimizer.param_groups[0]["lr"]
-            self._last_loss = float(np.mean(self._losses)) if self._losses else float("nan")
-            self.log({"train/loss": self._last_loss, "train/lr": lr}, engine.state.epoch)
+            self.log({"train/loss": self._epoch_loss(), "train/lr": lr}, engine.state.epoch)
 
         @evaluator.on(Events.EPOCH_COMPLETED)
         def _val(engine):
@@ -263,7 +266,7 @@ class EpochMetricsLogger:
             self.log(m, trainer.state.epoch)
             if trainer.state.epoch:  # one progress line per epoch (the run's only console output while training)
                 logger.info("epoch %d/%d  train loss %.4f  val AUC %.3f  ECE %.3f", trainer.state.epoch,
-                            trainer.state.max_epochs, self._last_loss,
+                            trainer.state.max_epochs, self._epoch_loss(),
                             m.get("val/auc", float("nan")), m.get("val/ece", float("nan")))
 
 
