@@ -6,9 +6,16 @@ the stage-1 network is frozen, one temperature is fitted by NLL on the site's ``
 before and after with bootstrap CIs (same resamples for both, so the two are comparable). The
 test split is never used for fitting.
 
+When the model came from a stage-1 run whose bundle also fitted a *reference* temperature (on
+the reference site's validation split, its linked TS run), the site's test split is scored with
+that temperature too: this is the model as shipped, and the row that shows whether the reference
+calibration transfers to the site.
+
 The result is logged as an MLflow run with ``lungcal.stage2 = ts``, the ``lungcal.site`` tag and a
 ``lungcal.parent_run`` link to the stage-1 run (when the model came from a run). Final metrics:
-``test/{metric}`` after TS and ``test_uncalibrated/{metric}`` before, plus ``temperature``.
+``test/{metric}`` after local TS, ``test_uncalibrated/{metric}`` before (T = 1) and, when there is
+a reference temperature, ``test_reference_ts/{metric}``; plus ``temperature`` and
+``reference_temperature``.
 """
 from __future__ import annotations
 
@@ -115,8 +122,10 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
         log: record an MLflow run.
 
     Returns:
-        ``{"before": report, "after": report, "temperature", "run_id", "parent_run", "site",
-        "n_val", "n_test"}`` where the reports come from ``calibration_report`` (fractions).
+        ``{"before": report, "reference": report or None, "after": report, "temperature",
+        "reference_temperature", "run_id", "parent_run", "site", "n_val", "n_test"}`` where the
+        reports come from ``calibration_report`` (fractions); ``reference`` scores the test split
+        with the stage-1 run's own (reference-site) temperature, when it has one.
     """
     from lungcal.data.manifest import manifest_source
     from lungcal.engine import tracking as T
@@ -143,12 +152,17 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     p_after = probabilities(test["logits"], temp)
     before = evaluate_probs(p_before, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
     after = evaluate_probs(p_after, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
+    ref_temp = T.linked_temperature(uri, run) if run is not None else None
+    p_ref = probabilities(test["logits"], ref_temp) if ref_temp is not None else None
+    reference = (evaluate_probs(p_ref, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
+                 if p_ref is not None else None)
     val_before = evaluate_probs(probabilities(val["logits"]), val["labels"], n_bins=n_bins, n_bootstrap=0)
     val_after = evaluate_probs(probabilities(val["logits"], temp), val["labels"], n_bins=n_bins, n_bootstrap=0)
 
     parent = run.info.run_id if run is not None else None
     stage1 = run.data.tags.get(T.TAG_STAGE1, "unknown") if run is not None else str(ck.get("method", "checkpoint"))
-    result = {"before": before, "after": after, "temperature": temp, "run_id": None, "parent_run": parent,
+    result = {"before": before, "reference": reference, "after": after, "temperature": temp,
+              "reference_temperature": ref_temp, "run_id": None, "parent_run": parent,
               "stage1": stage1, "site": site, "n_val": len(val_rows), "n_test": len(test_rows), "tracking_uri": uri}
     if not log:
         return result
@@ -163,11 +177,16 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
                   "bag_params": bag_params, "retrained": False}
         tr.log_params(params)
         tr.log_dict(params, "config/resolved.json")
+        if ref_temp is not None:
+            tr.log_metrics({"reference_temperature": ref_temp})
         tr.log_metrics({"temperature": temp, "val/nll_before": val_before["nll"], "val/nll": val_after["nll"],
                         "val/ece_before": val_before["ece"], "val/ece": val_after["ece"]})
         work = out_dir / "recalibration" / tr.run_id
         log_split(tr, "test_uncalibrated", p_before, test["labels"], before, n_bins=n_bins,
                   subjects=test["subjects"], attention=test["attention"], workdir=work, title=f"{stage1} @ {site}")
+        if reference is not None:
+            log_split(tr, "test_reference_ts", p_ref, test["labels"], reference, n_bins=n_bins, workdir=work,
+                      title=f"{stage1}+reference TS @ {site}")
         log_split(tr, "test", p_after, test["labels"], after, n_bins=n_bins, subjects=test["subjects"],
                   attention=test["attention"], workdir=work, title=f"{stage1}+TS @ {site}")
         work.mkdir(parents=True, exist_ok=True)
@@ -184,12 +203,16 @@ def _ci(r: Mapping[str, Any], k: str) -> str:
 
 def format_summary(res: Mapping[str, Any]) -> str:
     """A short text table: test ECE, AUC and ACC before and after TS, with 95% CIs."""
-    b, a = res["before"], res["after"]
+    b, a, r = res["before"], res["after"], res.get("reference")
     lines = [f"== lungcal recalibrate: site {res['site']} (val n={res['n_val']}, test n={res['n_test']}) ==",
-             f"  temperature   {res['temperature']:.3f} (fitted on the site's val split; no retraining)",
-             f"  {'':<10} {'test ECE':<24} {'test AUC':<24} test ACC",
-             f"  {'before':<10} {_ci(b, 'ece'):<24} {_ci(b, 'auc'):<24} {b['acc']:.3f}",
-             f"  {'after TS':<10} {_ci(a, 'ece'):<24} {_ci(a, 'auc'):<24} {a['acc']:.3f}"]
+             f"  temperature   {res['temperature']:.3f} (fitted on the site's val split; no retraining)"]
+    if r is not None:
+        lines.append(f"  reference T   {res['reference_temperature']:.3f} (fitted by the stage-1 run on its own val split)")
+    lines += [f"  {'':<13} {'test ECE':<24} {'test AUC':<24} test ACC",
+              f"  {'uncalibrated':<13} {_ci(b, 'ece'):<24} {_ci(b, 'auc'):<24} {b['acc']:.3f}"]
+    if r is not None:
+        lines.append(f"  {'reference TS':<13} {_ci(r, 'ece'):<24} {_ci(r, 'auc'):<24} {r['acc']:.3f}")
+    lines.append(f"  {'local TS':<13} {_ci(a, 'ece'):<24} {_ci(a, 'auc'):<24} {a['acc']:.3f}")
     if res.get("run_id"):
         lines.append(f"  MLflow run    {res['run_id']} (parent {res.get('parent_run') or 'checkpoint'})")
         lines.append(f"  open with     mlflow ui --backend-store-uri {res['tracking_uri']}")

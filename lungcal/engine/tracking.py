@@ -44,6 +44,7 @@ __all__ = [
     "privacy_filter",
     "file_digest",
     "RunTracker",
+    "linked_temperature",
 ]
 
 logger = logging.getLogger(__name__)
@@ -356,3 +357,29 @@ class RunTracker:
             logger.exception("could not mark MLflow run %s as %s", self.run_id, status)
         return False
 
+
+
+def linked_temperature(tracking_uri: str, run, site: str | None = None) -> float | None:
+    """The temperature of a stage-1 run's latest finished, linked TS run, or ``None``.
+
+    Args:
+        tracking_uri: the MLflow store that holds ``run``.
+        run: the stage-1 :class:`mlflow.entities.Run`.
+        site: ``None`` for the *reference* temperature, the one the stage-1 bundle fitted on its
+            own validation split; a site name for the one ``lungcal recalibrate`` fitted on that
+            site's validation split (its run carries ``lungcal.site = site`` and
+            ``lungcal.recalibration = local``).
+    """
+    from mlflow.tracking import MlflowClient
+
+    runs = MlflowClient(tracking_uri).search_runs(
+        [run.info.experiment_id],
+        filter_string=f"tags.`{TAG_PARENT}` = '{run.info.run_id}' and tags.`{TAG_STAGE2}` = 'ts' "
+                      "and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"])
+    for r in runs:
+        local = r.data.tags.get("lungcal.recalibration") == "local"
+        match = (not local) if site is None else (local and r.data.tags.get(TAG_SITE) == site)
+        if match and "temperature" in r.data.metrics:
+            return float(r.data.metrics["temperature"])
+    return None

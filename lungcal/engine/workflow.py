@@ -519,7 +519,10 @@ class InferenceWorkflow(_FromStage1):
         inputs: a datalist JSON, or a folder of CTs (each NIfTI/MHD/NRRD file or DICOM series
             folder directly inside it is one CT).
         stage1_run_id / checkpoint: the model (default: latest finished stage-1 run); with a run,
-            the temperature of its linked TS run is applied.
+            the temperature of its linked TS run is applied: the reference one fitted by the
+            stage-1 bundle, or with ``site`` the one ``lungcal recalibrate`` fitted at that site.
+        site: use the temperature recalibrated at this site (the ``lungcal.site`` of a
+            ``lungcal recalibrate`` run of the same stage-1 run).
         temperature: overrides the temperature (1.0 = uncalibrated) when set.
         output: folder for ``predictions.csv`` and ``candidates/<subject>.csv``
             (default ``<output_dir>/inference/<timestamp>``).
@@ -528,12 +531,13 @@ class InferenceWorkflow(_FromStage1):
     def __init__(self, inputs: str | None = None, stage1_run_id: str | None = None, checkpoint: str | None = None,
                  temperature: float | None = None, output: str | None = None, output_dir: str | None = None,
                  tracking_uri: str | None = None, device: str | None = None, num_workers: int = 2,
-                 batch_size: int = 16) -> None:
+                 batch_size: int = 16, site: str | None = None) -> None:
         if not inputs:
             raise ConfigError("no inputs given", field="inputs", fix="pass --inputs <datalist.json or folder of CTs>")
         self._init_source(stage1_run_id, checkpoint, output_dir, tracking_uri, None, num_workers, device)
         self.inputs = Path(str(inputs)).expanduser()
         self.temperature = temperature
+        self.site = str(site) if site else None
         self.output = Path(output) if output else self.output_dir / "inference" / time.strftime("%Y%m%d-%H%M%S")
         self.batch_size = int(batch_size)
 
@@ -559,18 +563,16 @@ class InferenceWorkflow(_FromStage1):
             return float(self.temperature)
         if run is None:
             return 1.0
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(self.tracking_uri)
-        children = client.search_runs(
-            [run.info.experiment_id],
-            filter_string=f"tags.`{T.TAG_PARENT}` = '{run.info.run_id}' and tags.`{T.TAG_STAGE2}` = 'ts' "
-                          "and attributes.status = 'FINISHED'",
-            order_by=["attributes.start_time DESC"], max_results=1)
-        if not children or "temperature" not in children[0].data.metrics:
+        temp = T.linked_temperature(self.tracking_uri, run, site=self.site)
+        if temp is None:
+            which = f"recalibrated at site {self.site!r} (lungcal recalibrate)" if self.site else "linked"
+            if self.site:
+                raise ConfigError(f"run {run.info.run_id} has no finished TS run {which}", field="site",
+                                  fix=f"run `lungcal recalibrate --model {run.info.run_id} --datalist <site.json>` "
+                                      "first, or drop --site to use the reference temperature")
             logger.warning("no finished TS run linked to %s: probabilities are uncalibrated", run.info.run_id)
             return 1.0
-        return float(children[0].data.metrics["temperature"])
+        return temp
 
     def run(self) -> dict[str, Any]:
         """Write ``predictions.csv`` (subject, probability, temperature) and per-CT candidate tables."""

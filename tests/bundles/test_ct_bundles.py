@@ -138,3 +138,16 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
     assert cand and {"x_mm", "y_mm", "z_mm", "attention"} <= set(cand[0])
     att = sum(float(c["attention"]) for c in cand)
     assert att == pytest.approx(1.0, abs=1e-4)
+    # the temperature is the reference one unless a site's own recalibration is asked for
+    temps = {float(r["temperature"]) for r in rows}
+    latest = _runs(store, **{T.TAG_STAGE2: "none"})[1][0]
+    assert len(temps) == 1
+    assert temps.pop() == pytest.approx(T.linked_temperature(T.default_tracking_uri(store), latest), abs=6e-5)  # the CSV holds 4 decimals
+    with pytest.raises(Exception) as info:
+        run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(tmp_path / "p2"),
+                   output_dir=str(store), num_workers=0, site="nowhere")
+    chain, e = [], info.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__
+    assert any("recalibrate" in str(x) for x in chain), chain

@@ -71,7 +71,8 @@ def test_recalibrate_fits_on_val_only_and_logs_linked_run(site, capsys):
                "--tracking-uri", site["uri"], "--output-dir", str(site["tmp"] / "out"), "--n-bootstrap", "200"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "site site-b" in out and "before" in out and "after TS" in out
+    assert "site site-b" in out and "uncalibrated" in out and "local TS" in out
+    assert "reference TS" not in out  # the stage-1 run has no linked TS run
     client = MlflowClient(site["uri"])
     runs = client.search_runs([client.get_experiment_by_name("nlst").experiment_id], "tags.`lungcal.stage2` = 'ts'")
     assert len(runs) == 1
@@ -98,7 +99,7 @@ def test_recalibrate_from_checkpoint_without_logging(site):
                         output_dir=site["tmp"] / "out")
     assert res["run_id"] is None and res["parent_run"] is None and res["stage1"] == "focal"
     assert res["after"]["ece"] < res["before"]["ece"] and res["n_val"] == 10 and res["n_test"] == 10
-    assert "after TS" in R.format_summary(res)
+    assert "local TS" in R.format_summary(res) and res["reference"] is None
 
 
 def test_recalibrate_user_errors(site, tmp_path):
@@ -117,3 +118,39 @@ def test_recalibrate_user_errors(site, tmp_path):
     torch.save({"weights": 1}, notck)
     with pytest.raises(ConfigError, match="not a lungcal stage-1 checkpoint"):
         R.recalibrate(str(notck), site["datalist"], tracking_uri=site["uri"])
+
+
+def test_recalibrate_scores_the_reference_temperature_and_inference_picks_by_site(site, capsys):
+    """With a reference TS run linked to the stage-1 run, the site's test split is also scored with
+    the reference temperature; afterwards the site's own temperature is found by site name."""
+    from mlflow.tracking import MlflowClient
+
+    from lungcal.cli import main
+    from lungcal.engine.evaluate import probabilities
+    from lungcal.engine.tracking import linked_temperature
+    from lungcal.calibration.metrics import ece
+
+    client = MlflowClient(site["uri"])
+    with RunTracker("nlst", "stage1+ts", tracking_uri=site["uri"], parent_run_id=site["parent"],
+                    tags={"lungcal.stage1": "focal", "lungcal.stage2": "ts"}) as tr:
+        tr.log_metrics({"temperature": 1.25})
+    stage1 = client.get_run(site["parent"])
+    assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)
+    assert linked_temperature(site["uri"], stage1, site="site-b") is None
+
+    rc = main(["recalibrate", "--model", site["parent"], "--datalist", str(site["datalist"]),
+               "--tracking-uri", site["uri"], "--output-dir", str(site["tmp"] / "out"), "--n-bootstrap", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "reference TS" in out and "reference T   1.250" in out
+    run = client.search_runs([stage1.info.experiment_id], "tags.`lungcal.site` = 'site-b'")[0]
+    m = run.data.metrics
+    logits, y = site["fake"]["test"]
+    expected = ece(probabilities(logits, 1.25), y.numpy(), n_bins=10)
+    assert m["reference_temperature"] == pytest.approx(1.25)
+    assert m["test_reference_ts/ece"] == pytest.approx(expected, abs=1e-6)
+    assert m["test_reference_ts/auc"] == pytest.approx(m["test/auc"])
+    # the reference stays the reference; the site's temperature is found by its name
+    assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)
+    assert linked_temperature(site["uri"], stage1, site="site-b") == pytest.approx(m["temperature"])
+    assert linked_temperature(site["uri"], stage1, site="elsewhere") is None
