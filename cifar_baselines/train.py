@@ -4,7 +4,11 @@ Mechanics only; the choices (epochs, lr, wd, method, ...) come from the bundle's
 
 Speed: the data stay one ``uint8`` tensor (on the GPU when there is one), batches are gathered,
 augmented and normalised as whole tensors (:class:`cifar_baselines.data.BatchIterator`), the model
-runs ``channels_last``, and on CUDA under AMP (bf16/fp16 autocast with a grad scaler for fp16).
+runs ``channels_last``, and under AMP: on CUDA bf16/fp16 autocast (a grad scaler for fp16); on a
+CPU with native bf16 instructions (AVX512-BF16 or AMX, :func:`cpu_has_native_bf16`) bf16 autocast
+for *training* steps, about 1.8x faster for ResNet-32 on 2 cores of this machine. Weights, the
+optimiser and the loss stay float32 (autocast). Evaluation on CPU (:func:`predict`) runs in
+float32, so the logits that ECE and temperature scaling see are not bf16-rounded.
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ from tqdm.auto import tqdm
 from cifar_baselines.data import BatchIterator, normalize
 
 __all__ = ["METHODS", "lr_at", "make_criterion", "resolve_device", "predict", "train_stage1",
-           "train_head_las_shift_bn"]
+           "train_head_las_shift_bn", "cpu_has_native_bf16",
+           "training_precision"]
 
 METHODS = ("ce", "focal", "mixup", "focal_mixup")
 
@@ -57,11 +62,35 @@ def make_criterion(method: str, num_classes: int, focal_gamma: float = 3.0) -> C
     return soft_cross_entropy
 
 
-def _autocast(device: torch.device, amp: bool):
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU executes bf16 natively (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo).
+
+    Without those instructions oneDNN emulates bf16 and autocast is slower than float32, so CPU AMP
+    is used only where this is true (False off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def _autocast(device: torch.device, amp: bool, training: bool = False):
+    """``(context, dtype)`` for a forward pass: CUDA AMP, CPU bf16 AMP for training steps, or none."""
     if amp and device.type == "cuda":
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.autocast("cuda", dtype=dtype), dtype
+    if amp and training and device.type == "cpu" and cpu_has_native_bf16():
+        return torch.autocast("cpu", dtype=torch.bfloat16), torch.bfloat16
     return torch.autocast(device.type, enabled=False), torch.float32
+
+
+def training_precision(device: torch.device | str, amp: bool) -> torch.dtype:
+    """The dtype :func:`train_stage1` computes in on ``device`` (recorded as the ``train_precision`` param)."""
+    return _autocast(torch.device(device), amp, training=True)[1]
 
 
 @torch.no_grad()
@@ -108,7 +137,8 @@ def train_stage1(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
         warmup_epochs, lr_milestones, lr_gamma: schedule (see :func:`lr_at`), updated per iteration.
         focal_gamma: γ of the focal loss. mixup_alpha: α of the mixup Beta distribution.
         seed: fixes the initial shuffle/augmentation/mixup draws.
-        device: where the model and the data live. amp: autocast on CUDA. channels_last: memory format.
+        device: where the model and the data live. amp: autocast (CUDA; CPU training steps where
+            the CPU has native bf16). channels_last: memory format.
         on_epoch: called as ``on_epoch(epoch, {"train/loss": .., "train/acc": .., "lr": ..})``
             after each epoch (the caller adds validation metrics and logs them).
         progress: show a tqdm bar over epochs.
@@ -127,7 +157,7 @@ def train_stage1(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
         from lungcal.calibration.mixup import mixup
     # no weight decay on BN / bias (standard practice for these recipes is decay on all; keep all)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    ctx, amp_dtype = _autocast(device, amp)
+    ctx, amp_dtype = _autocast(device, amp, training=True)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     it = BatchIterator(train_x, train_y, batch_size, augment=True, seed=seed, channels_last=channels_last)
     mix_gen = torch.Generator(device=device).manual_seed(seed + 1)

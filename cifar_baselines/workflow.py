@@ -26,7 +26,8 @@ import torch
 from lungcal.errors import ConfigError, DataError
 from cifar_baselines.data import SHARED_MAKE_BATCHES, CifarSplits, find_batches_dir, make_splits
 from cifar_baselines.resnet import resnet32
-from cifar_baselines.train import METHODS, predict, resolve_device, train_head_las_shift_bn, train_stage1
+from cifar_baselines.train import (METHODS, predict, resolve_device, train_head_las_shift_bn, train_stage1,
+                                   training_precision)
 
 __all__ = ["Stage1", "Stage2LAS", "prepare_data_dir", "evaluate_logits"]
 
@@ -180,8 +181,10 @@ class Stage1(_Common):
         model = resnet32(10)
         t0 = time.time()
         with RunTracker(self.dataset, name, tracking_uri=uri, tags=_tags(self.dataset, self.method, "none")) as tr:
-            tr.log_params({**cfg, "class_counts": s.class_counts, "n_train": len(s.train_y),
-                           "n_val": len(s.val_y), "n_test": len(s.test_y), "split_fingerprint": s.fingerprint})
+            precision = str(training_precision(device, self.amp)).replace("torch.", "")
+            tr.log_params({**cfg, "train_precision": precision, "class_counts": s.class_counts,
+                           "n_train": len(s.train_y), "n_val": len(s.val_y), "n_test": len(s.test_y),
+                           "split_fingerprint": s.fingerprint})
             tr.log_dict(cfg, "config/resolved.json")
 
             def on_epoch(epoch: int, stats: dict) -> None:

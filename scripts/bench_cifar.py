@@ -5,7 +5,9 @@ Both train the same ResNet-32 (SGD, batch 128, CE) on the same uint8 CIFAR image
 number of steps on this CPU (or GPU with --device cuda):
 
 - ours: :class:`cifar_baselines.data.BatchIterator` (one gather + batch crop/flip/normalise on the
-  resident uint8 tensor) and the model in channels_last, as :func:`train_stage1` runs it;
+  resident uint8 tensor), the model in channels_last and AMP as :func:`train_stage1` runs it (bf16
+  autocast on a CPU with native bf16, see :func:`cifar_baselines.train.cpu_has_native_bf16`); also
+  timed in float32 (``--no-amp`` equivalent) so each part's share is visible;
 - plain: a ``torch.utils.data.Dataset`` returning one augmented image at a time (pad, random
   crop, flip, normalise per sample), a ``DataLoader`` collating them, the model in the default
   memory format.
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from cifar_baselines.data import CIFAR_MEAN, CIFAR_STD, BatchIterator
 from cifar_baselines.resnet import resnet32
+from cifar_baselines.train import _autocast
 
 
 class PerSampleCifar(torch.utils.data.Dataset):
@@ -47,7 +50,7 @@ class PerSampleCifar(torch.utils.data.Dataset):
         return (img.float() / 255 - self.mean) / self.std, self.y[i]
 
 
-def _train(model, batches, steps, device):
+def _train(model, batches, steps, device, amp=False):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     model.train()
     n, t0, it = 0, None, iter(batches)
@@ -58,7 +61,9 @@ def _train(model, batches, steps, device):
             t0 = time.perf_counter()
         xb, yb = next(it)
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        loss = F.cross_entropy(model(xb), yb)
+        with _autocast(device, amp, training=True)[0]:
+            logits = model(xb)
+        loss = F.cross_entropy(logits.float(), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -92,21 +97,28 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)
         y = torch.randint(0, 10, (n,), generator=g)
-    ours_all, plain_all = [], []
+    amp_dtype = _autocast(device, True, training=True)[1]
+    ours_all, fp32_all, plain_all = [], [], []
     for _ in range(args.repeats):  # interleave to share any drift in machine load
-        torch.manual_seed(0)
-        m = resnet32().to(device).to(memory_format=torch.channels_last)
-        ours_all.append(_train(m, BatchIterator(x.to(device), y.to(device), args.batch_size, channels_last=True),
-                               args.steps, device))
+        for amp, store in ((True, ours_all), (False, fp32_all)):
+            if not amp and amp_dtype == torch.float32:
+                continue  # no AMP on this device: "ours" is already float32
+            torch.manual_seed(0)
+            m = resnet32().to(device).to(memory_format=torch.channels_last)
+            store.append(_train(m, BatchIterator(x.to(device), y.to(device), args.batch_size, channels_last=True),
+                                args.steps, device, amp=amp))
         torch.manual_seed(0)
         m = resnet32().to(device)
         dl = torch.utils.data.DataLoader(PerSampleCifar(x, y), batch_size=args.batch_size, shuffle=True, num_workers=0)
         plain_all.append(_train(m, dl, args.steps, device))
     ours, plain = max(ours_all), max(plain_all)
     print(f"device={device} threads={args.threads} batch={args.batch_size} steps={args.steps} (best of {args.repeats})")
-    print(f"ours  (batch aug, resident uint8, channels_last): {ours:8.1f} img/s")
-    print(f"plain (per-sample Dataset + DataLoader)         : {plain:8.1f} img/s")
-    print(f"ratio ours/plain: {ours / plain:.2f}x")
+    amp_name = str(amp_dtype).split(".")[-1]
+    print(f"{'ours  (batch aug, resident uint8, channels_last, AMP ' + amp_name + ')':<58}: {ours:8.1f} img/s")
+    if fp32_all:
+        print(f"{'ours  float32 (the same, AMP off)':<58}: {max(fp32_all):8.1f} img/s")
+    print(f"{'plain (per-sample Dataset + DataLoader, float32)':<58}: {plain:8.1f} img/s")
+    print(f"ratio ours/plain: {ours / plain:.2f}x" + (f"  (float32 only: {max(fp32_all) / plain:.2f}x)" if fp32_all else ""))
 
 
 if __name__ == "__main__":

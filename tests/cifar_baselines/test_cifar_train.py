@@ -68,3 +68,20 @@ def test_las_shift_bn_only_head_and_bn_stats_change(fake_cifar):
         else:
             assert not changed, k
     assert any(not torch.equal(old_sd[k], new_sd[k]) for k in old_sd if "running_mean" in k)
+
+
+def test_cpu_amp_is_bf16_for_training_only_and_only_with_native_bf16(monkeypatch):
+    import cifar_baselines.train as tr
+
+    cpu = torch.device("cpu")
+    for native in (True, False):
+        monkeypatch.setattr(tr, "cpu_has_native_bf16", lambda native=native: native)
+        assert tr._autocast(cpu, True, training=True)[1] == (torch.bfloat16 if native else torch.float32)
+        assert tr._autocast(cpu, True, training=False)[1] == torch.float32  # evaluation stays float32
+        assert tr._autocast(cpu, False, training=True)[1] == torch.float32
+    monkeypatch.setattr(tr, "cpu_has_native_bf16", lambda: True)
+    torch.manual_seed(0)
+    net = resnet32()
+    x = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    logits = predict(net, x, amp=True, channels_last=False)
+    assert logits.dtype == torch.float32 and torch.equal(logits, predict(net, x, amp=False, channels_last=False))
