@@ -161,20 +161,26 @@ class LoGBlobDetector:
         threshold: minimum score (scale-normalised response on the [0, 1] volume) of a candidate.
         min_distance_mm: two candidates closer than ``max(min_distance_mm, r_better + r_weaker)``
             (their spheres overlap) are merged: the weaker one is suppressed.
-        mask_closing_mm: if > 0, the lung mask is morphologically closed with a ball of this
-            radius before use, so that juxtapleural nodules (cut out of a plain threshold mask as
-            a notch in the pleura, up to about twice this diameter) are inside it again. Off by
-            default: ``lungcal.ct`` lung masks are already closed (6 mm) and hole-filled, and a
-            larger closing pulls rib and chest-wall spots in (CPM 0.76 instead of 0.94 on the
-            synthetic cohort with 10 mm). Enclosed holes are always filled.
-        mask_dilation_mm: then it is dilated by this much, so that candidate centres on the
-            pleura itself are kept.
+        mask_closing_mm: the lung mask is morphologically closed with a ball of this radius
+            before use, so that juxtapleural nodules (cut out of a threshold-based mask as a notch
+            in the pleura, up to about twice this diameter) are inside it again; 0 turns it off.
+            Enclosed holes are always filled.
+        mask_dilation_mm: then it is dilated by this much, so that the part of a juxtapleural
+            nodule on the pleura itself keeps its intensity.
         background: value written outside the dilated lung mask before filtering, so the bright
             chest wall and the mask border cannot produce responses. ``None`` (default) uses the
             median intensity of the lung parenchyma (inside the undilated mask), which makes the
             mask border flat rather than a step edge.
-        border_mm: candidate centres must lie deeper than this inside the (closed) lung mask;
-            the outermost voxels of a lung mask straddle the chest wall and the ribs.
+        border_mm: if > 0, candidate centres must lie deeper than this inside the (closed) lung
+            mask (drops spots on the outermost voxels of a mask that straddles the chest wall).
+
+        The mask defaults (closing 8 mm, dilation 4 mm, border 0) were chosen on 60 CTs of the
+        600-CT demo cohort and checked on 100 others (LUNA16 CPM, K = 8 sensitivity): the former
+        defaults (no closing, 2.5 mm dilation, 3 mm border) gave 0.749 / 0.784 and 0.832 / 0.895;
+        these give 0.885 / 0.920 and 0.885 / 0.953. Three quarters of the nodules the former
+        defaults missed had their centre outside the mask or within its border: juxtapleural
+        nodules, the larger ones (hence more often malignant) most of all. A 10 mm closing
+        pulls hilar vessels in (CPM 0.55).
         shape_filter: re-score the LoG peaks with the Hessian "dot" filter (Li et al. 2003), so
             that vessels and fissures rank below round nodules; False keeps the plain LoG score.
         log_weight: with ``shape_filter``, the score is ``dot + log_weight * LoG``. A nodule that
@@ -186,11 +192,11 @@ class LoGBlobDetector:
     top_k: int = 32
     threshold: float = 0.05
     min_distance_mm: float = 5.0
-    mask_closing_mm: float = 0.0
-    mask_dilation_mm: float = 2.5
+    mask_closing_mm: float = 8.0
+    mask_dilation_mm: float = 4.0
     background: float | None = None
     shape_filter: bool = True
-    border_mm: float = 3.0
+    border_mm: float = 0.0
     log_weight: float = 0.1
 
     def __post_init__(self) -> None:

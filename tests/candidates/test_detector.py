@@ -107,15 +107,15 @@ def test_blobs_outside_the_lung_are_ignored_but_juxtapleural_kept():
     assert d_a.min() > 8.0
 
 
-def test_mask_border_voxels_are_not_candidates():
-    # a bright rib-like spot on the outermost layer of the lung mask is ignored (border_mm)
+def test_border_mm_keeps_mask_border_voxels_out():
+    # a bright rib-like spot on the outermost layer of the lung mask is ignored with border_mm > 0
     vol = _phantom(SHAPE, SPACING, [((5, 32, 18), 3.0), ((32, 32, 18), 4.0)], noise=0.0)
     mask = np.zeros(SHAPE, bool)
     mask[5:60, 4:60, 3:33] = True
-    c = LoGBlobDetector(top_k=5).detect(vol, mask, SPACING, np.eye(4))
+    c = LoGBlobDetector(top_k=5, border_mm=3.0).detect(vol, mask, SPACING, np.eye(4))
     assert np.sqrt((((c.voxel - [5, 32, 18]) * SPACING) ** 2).sum(1)).min() > 5.0
     assert np.sqrt((((c.voxel[0] - [32, 32, 18]) * SPACING) ** 2).sum()) <= 2.6
-    c0 = LoGBlobDetector(top_k=5, border_mm=0.0).detect(vol, mask, SPACING, np.eye(4))
+    c0 = LoGBlobDetector(top_k=5).detect(vol, mask, SPACING, np.eye(4))  # default border_mm = 0
     assert np.sqrt((((c0.voxel - [5, 32, 18]) * SPACING) ** 2).sum(1)).min() <= 2.6
 
 
