@@ -205,8 +205,9 @@ class LoGBlobDetector:
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
 
-    def _prepare_mask(self, mask: np.ndarray, spacing: np.ndarray, dilate: bool = True) -> np.ndarray:
-        """Close (fills pleural notches and holes left by nodules) then dilate, exactly in mm.
+    def _close_mask(self, mask: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+        """Close (fills pleural notches left by juxtapleural nodules) and fill enclosed holes,
+        exactly in mm.
 
         Morphology by Euclidean distance transforms (``sampling=spacing``): O(N), whatever the
         radius, and exact on anisotropic grids.
@@ -218,10 +219,12 @@ class LoGBlobDetector:
             grown = ndimage.distance_transform_edt(~mask, sampling=spacing) <= self.mask_closing_mm
             mask = grown if grown.all() else (
                 ndimage.distance_transform_edt(grown, sampling=spacing) > self.mask_closing_mm)
-        mask = ndimage.binary_fill_holes(mask)  # nodules enclosed by parenchyma
-        if dilate and self.mask_dilation_mm > 0:
-            mask = ndimage.distance_transform_edt(~mask, sampling=spacing) <= self.mask_dilation_mm
-        return mask
+        return ndimage.binary_fill_holes(mask)  # nodules enclosed by parenchyma
+
+    def _dilate_mask(self, closed: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+        if self.mask_dilation_mm > 0 and closed.any():
+            return ndimage.distance_transform_edt(~closed, sampling=spacing) <= self.mask_dilation_mm
+        return closed
 
     def detect(self, image, lung_mask, spacing: Sequence[float], affine) -> Candidates:
         """Detect bright blobs inside the (dilated) lung mask.
@@ -238,12 +241,12 @@ class LoGBlobDetector:
             raise ValueError(f"spacing must be positive, got {spacing}")
         affine = np.asarray(affine, np.float64)
         raw_mask = mask > 0
-        mask = self._prepare_mask(raw_mask, spacing)
+        inner = self._close_mask(raw_mask, spacing)  # closed once, then dilated from it
+        mask = self._dilate_mask(inner, spacing)
         if not mask.any() or self.top_k == 0:
             return Candidates()
-        # candidate centres: inside the closed lung mask, deeper than border_mm (the outermost
-        # voxels of a lung mask straddle the chest wall and ribs)
-        inner = self._prepare_mask(raw_mask, spacing, dilate=False)
+        # candidate centres: inside the closed lung mask (deeper than border_mm, when set: the
+        # outermost voxels of a lung mask straddle the chest wall and ribs)
         if self.border_mm > 0:
             inner = ndimage.distance_transform_edt(inner, sampling=spacing) > self.border_mm
 
