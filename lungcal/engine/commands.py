@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "report", help="build the study's comparison tables from MLflow (Markdown, CSV, HTML)",
-        description="Rows: stage-1 methods; column groups: stage-2 methods; cells ACC, AUC, ECE with 95%% CIs.")
+        description="Rows: stage-1 methods; column groups: stage-2 methods; cells ACC, AUC, ECE with 95% CIs.")
     p.add_argument("--experiment", required=True, help="MLflow experiment: nlst, cifar10, cifar10lt, ...")
     p.add_argument("--out", default=None, help="output folder (default: <runs>/reports/<experiment>)")
     p.add_argument("--split", default="test", help="split whose final metrics are tabulated (default: test)")
@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "recalibrate", help="fit temperature scaling on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit TS on the site's validation "
-        "split only, and report test ECE and AUC before and after, with 95%% CIs. Logged as an MLflow run.")
+        "split only, and report test ECE and AUC before and after (and with the stage-1 run's reference "
+        "temperature), with 95% CIs. Logged as an MLflow run.")
     p.add_argument("--model", required=True, help="stage-1 MLflow run id, or a checkpoint file (.pt)")
     p.add_argument("--datalist", required=True, help="the site's datalist JSON (with train/val/test splits)")
     p.add_argument("--site", default=None, help="site name for the lungcal.site tag (default: from the datalist)")
