@@ -156,6 +156,14 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     p_ref = probabilities(test["logits"], ref_temp) if ref_temp is not None else None
     reference = (evaluate_probs(p_ref, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
                  if p_ref is not None else None)
+    # is the model miscalibrated on this site? ECE is biased upwards on small splits, so each row
+    # also gets its consistency-resampling p-value (small = an ECE this large is unlikely for a
+    # calibrated model with these confidences)
+    from lungcal.calibration.metrics import ece_consistency_pvalue
+
+    for rep, probs in ((before, p_before), (reference, p_ref), (after, p_after)):
+        if rep is not None:
+            rep["ece_pvalue"] = ece_consistency_pvalue(probs, test["labels"], n_bins=n_bins, seed=seed)[1]
     val_before = evaluate_probs(probabilities(val["logits"]), val["labels"], n_bins=n_bins, n_bootstrap=0)
     val_after = evaluate_probs(probabilities(val["logits"], temp), val["labels"], n_bins=n_bins, n_bootstrap=0)
 
@@ -202,17 +210,23 @@ def _ci(r: Mapping[str, Any], k: str) -> str:
 
 
 def format_summary(res: Mapping[str, Any]) -> str:
-    """A short text table: test ECE, AUC and ACC before and after TS, with 95% CIs."""
+    """A short text table: test ECE, AUC and ACC before and after TS, with 95% CIs and the ECE's
+    consistency p-value."""
     b, a, r = res["before"], res["after"], res.get("reference")
     lines = [f"== lungcal recalibrate: site {res['site']} (val n={res['n_val']}, test n={res['n_test']}) ==",
              f"  temperature   {res['temperature']:.3f} (fitted on the site's val split; no retraining)"]
     if r is not None:
         lines.append(f"  reference T   {res['reference_temperature']:.3f} (fitted by the stage-1 run on its own val split)")
-    lines += [f"  {'':<13} {'test ECE':<24} {'test AUC':<24} test ACC",
-              f"  {'uncalibrated':<13} {_ci(b, 'ece'):<24} {_ci(b, 'auc'):<24} {b['acc']:.3f}"]
+    def row(name, rep):
+        pv = rep.get("ece_pvalue")
+        return (f"  {name:<13} {_ci(rep, 'ece'):<24} {_ci(rep, 'auc'):<24} {rep['acc']:<9.3f}"
+                + (f"{pv:.3f}" if pv is not None else "")).rstrip()
+
+    lines += [f"  {'':<13} {'test ECE':<24} {'test AUC':<24} {'test ACC':<9}p(calibrated)", row("uncalibrated", b)]
     if r is not None:
-        lines.append(f"  {'reference TS':<13} {_ci(r, 'ece'):<24} {_ci(r, 'auc'):<24} {r['acc']:.3f}")
-    lines.append(f"  {'local TS':<13} {_ci(a, 'ece'):<24} {_ci(a, 'auc'):<24} {a['acc']:.3f}")
+        lines.append(row("reference TS", r))
+    lines.append(row("local TS", a))
+    lines.append("  p(calibrated): consistency-resampling p-value of the ECE; small = miscalibrated on this site")
     if res.get("run_id"):
         lines.append(f"  MLflow run    {res['run_id']} (parent {res.get('parent_run') or 'checkpoint'})")
         lines.append(f"  open with     mlflow ui --backend-store-uri {res['tracking_uri']}")

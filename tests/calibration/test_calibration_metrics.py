@@ -236,3 +236,22 @@ def test_ece_float32_equals_float64_input(multiclass):
     p32 = p.astype(np.float32)
     assert M.ece(p32, y, 15) == pytest.approx(M.ece(p32.astype(np.float64), y, 15), abs=1e-12)
     assert M.ece(torch.from_numpy(p32), torch.from_numpy(y), 15) == M.ece(p32, y, 15)
+
+
+def test_ece_consistency_pvalue_is_a_valid_test_with_power():
+    from lungcal.calibration.metrics import ece_consistency_pvalue
+
+    rng = np.random.default_rng(0)
+    n = 300
+    p1 = rng.beta(2, 5, n)
+    probs = np.stack([1 - p1, p1], 1)
+    # observed value is the ECE itself
+    y = (rng.random(n) < p1).astype(int)
+    assert ece_consistency_pvalue(probs, y, n_bins=10, n_resamples=200)[0] == pytest.approx(M.ece(probs, y, n_bins=10))
+    # calibrated outcomes: p-values roughly uniform, so ~5% below 0.05 (binomial bound over 200 sets)
+    pv = np.array([ece_consistency_pvalue(probs, (np.random.default_rng(s).random(n) < p1).astype(int), n_bins=10,
+                                          n_resamples=300, seed=s)[1] for s in range(200)])
+    assert 0.01 <= (pv < 0.05).mean() <= 0.10 and 0.35 <= pv.mean() <= 0.65
+    # a model that over-predicts the positive class 2.5x is flagged
+    y_shift = (rng.random(n) < 0.4 * p1).astype(int)
+    assert ece_consistency_pvalue(probs, y_shift, n_bins=10, n_resamples=500)[1] < 0.01

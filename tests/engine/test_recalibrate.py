@@ -83,6 +83,7 @@ def test_recalibrate_fits_on_val_only_and_logs_linked_run(site, capsys):
     assert m["temperature"] == pytest.approx(t_val, rel=1e-5) and abs(t_val - t_test) > 1e-3
     assert m["temperature"] > 1.5  # overconfident logits are softened
     assert m["test/ece"] < m["test_uncalibrated/ece"]
+    assert m["test_uncalibrated/ece_pvalue"] < 0.01 < m["test/ece_pvalue"]  # miscalibrated before, not after
     assert m["test/auc"] == pytest.approx(m["test_uncalibrated/auc"]) and m["test/acc"] == m["test_uncalibrated/acc"]
     assert m["test/ece_ci_low"] <= m["test/ece"] <= m["test/ece_ci_high"]
     tags = run.data.tags
