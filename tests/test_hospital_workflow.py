@@ -2,15 +2,17 @@
 
 Site A (the reference, "trained elsewhere"): an enriched cohort (prevalence 0.4, like a
 case-control training set), 2.5 mm isotropic, low noise. Site B (the hospital): a screening
-population (prevalence 0.11, NLST-like), anisotropic 1.8 x 1.8 x 3.2 mm voxels, a softer kernel and
-twice the noise. A stage-1 model is trained on A with the real bundle
-(``bundles/nlst_ce.json --datalist A``), which also fits A's *reference* temperature on A's
-validation split. ``lungcal recalibrate --model <run> --datalist B`` then scores B's test split
+population (prevalence 0.11, NLST-like; 600 CTs, all for recalibration: 300 val / 300 test),
+anisotropic 1.8 x 1.8 x 3.2 mm voxels, a softer kernel and twice the noise. A stage-1 model is
+trained on A with the real bundle (``bundles/nlst_ce.json --datalist A``), which also fits A's
+*reference* temperature on A's validation split. ``lungcal recalibrate --model <run> --datalist B`` then scores B's test split
 with the model as shipped (reference TS) and fits a local temperature on B's validation split only.
 
-The shift must be real: the reference calibration, good on A's own test split, must not transfer
-(B's ECE with the reference temperature above A's), and local TS must lower B's test ECE below the
-shipped model's, without changing its AUC or accuracy. The numbers are printed (run with ``-s``).
+The shift must be real: the model as shipped must be miscalibrated on B, judged by the
+consistency-resampling p-value of its ECE (ECE is biased upwards on small splits, so comparing it
+with A's ECE on a split of another size, or with 0, would not say so), and local TS must lower
+B's test ECE below the shipped model's, without changing its AUC or accuracy. The numbers are
+printed (run with ``-s``).
 """
 from __future__ import annotations
 
@@ -33,13 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # uncalibrated (AUC 0.585) -> 0.056 after local TS. The raw model was as miscalibrated on A as on B,
 # so the test now compares against the model as shipped (A's reference TS) and B is a screening
 # population (prevalence 0.11) with 400 CTs, the label shift every enriched training set meets.
+# With the new detector (2026-11-30, evening) that run failed the other way: B's val/test splits of
+# ~80 CTs (9 cancers each) were too small for a 10-bin ECE (local TS 0.143 vs shipped 0.120, CIs
+# [0.08, 0.24] / [0.06, 0.23]). Site B is only recalibrated, never trained on, so all of its CTs
+# now go to val and test: 600 CTs, 300 / 300. That run: shipped 0.091 [0.044, 0.146] -> local TS
+# 0.052 [0.019, 0.108], but A's own shipped ECE on its 80 test CTs was 0.110, the small-sample
+# bias of ECE: "miscalibrated on B" is now tested with the consistency p-value instead.
 SITE_A = dict(n_subjects=400, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
               scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
-SITE_B = dict(n_subjects=400, prevalence=0.11, seed=12, shape=(176, 176, 75), spacing=(1.8, 1.8, 3.2),
+SITE_B = dict(n_subjects=600, prevalence=0.11, splits=(0.0, 0.5, 0.5), seed=12, shape=(176, 176, 75),
+              spacing=(1.8, 1.8, 3.2),
               scanner={"site": "site-b", "noise_hu": 40.0, "kernel_sigma_mm": 1.2, "hu_offset": 0.0})
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_two_site_recalibration(tmp_path, capsys):
     from lungcal.data.synthetic import make_cohort
     from mlflow.tracking import MlflowClient
@@ -69,7 +79,7 @@ def test_two_site_recalibration(tmp_path, capsys):
     # the hospital: recalibrate on its own validation split, evaluate on its test split
     capsys.readouterr()
     rc = main(["recalibrate", "--model", s1.info.run_id, "--datalist", str(b), "--tracking-uri", uri,
-               "--output-dir", str(out), "--n-bootstrap", "1000"])
+               "--output-dir", str(out), "--n-bootstrap", "1000", "--num-workers", "2"])
     summary = capsys.readouterr().out
     assert rc == 0, summary
     runs = client.search_runs([exp.experiment_id], "tags.`lungcal.site` = 'site-b'")
@@ -81,7 +91,8 @@ def test_two_site_recalibration(tmp_path, capsys):
     numbers = {
         "site_a_test": {"ece": ece_a, "ece_reference_ts": ece_a_ts, "auc": auc_a},
         **{f"site_b_{name}": {k: m[f"{split}/{k}"] for k in
-                              ("ece", "ece_ci_low", "ece_ci_high", "auc", "auc_ci_low", "auc_ci_high", "acc")}
+                              ("ece", "ece_ci_low", "ece_ci_high", "ece_pvalue", "auc", "auc_ci_low", "auc_ci_high",
+                               "acc")}
            for name, split in (("uncalibrated", "test_uncalibrated"), ("reference_ts", "test_reference_ts"),
                                ("local_ts", "test"))},
         "temperature": m["temperature"],
@@ -91,7 +102,7 @@ def test_two_site_recalibration(tmp_path, capsys):
         print("\nhospital workflow numbers:\n" + summary + "\n" + json.dumps(numbers, indent=2))
     before, shipped, after = (numbers[f"site_b_{k}"] for k in ("uncalibrated", "reference_ts", "local_ts"))
     assert auc_a > 0.6 and before["auc"] > 0.55, "the model does not rank on site B: the shift is too destructive"
-    assert shipped["ece"] > ece_a_ts, "the reference calibration transferred to site B: the shift is not real"
+    assert shipped["ece_pvalue"] < 0.05, "the model as shipped is not miscalibrated on site B: the shift is not real"
     assert after["ece"] < shipped["ece"], "local TS did not lower ECE below the shipped model's on site B"
     assert shipped["auc"] == pytest.approx(before["auc"], abs=1e-9)
     assert after["auc"] == pytest.approx(before["auc"], abs=1e-9)  # TS never changes the ranking
