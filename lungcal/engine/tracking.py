@@ -358,7 +358,6 @@ class RunTracker:
         return False
 
 
-
 def linked_temperature(tracking_uri: str, run, site: str | None = None) -> float | None:
     """The temperature of a stage-1 run's latest finished, linked TS run, or ``None``.
 

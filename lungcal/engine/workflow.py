@@ -562,17 +562,19 @@ class InferenceWorkflow(_FromStage1):
         if self.temperature is not None:
             return float(self.temperature)
         if run is None:
+            if self.site:
+                raise ConfigError("--site needs the model as an MLflow run", field="site",
+                                  fix="pass --stage1_run_id, or --temperature <T> with a checkpoint")
             return 1.0
         temp = T.linked_temperature(self.tracking_uri, run, site=self.site)
-        if temp is None:
-            which = f"recalibrated at site {self.site!r} (lungcal recalibrate)" if self.site else "linked"
-            if self.site:
-                raise ConfigError(f"run {run.info.run_id} has no finished TS run {which}", field="site",
-                                  fix=f"run `lungcal recalibrate --model {run.info.run_id} --datalist <site.json>` "
-                                      "first, or drop --site to use the reference temperature")
-            logger.warning("no finished TS run linked to %s: probabilities are uncalibrated", run.info.run_id)
-            return 1.0
-        return temp
+        if temp is not None:
+            return temp
+        if self.site:
+            raise ConfigError(f"run {run.info.run_id} has no finished TS run recalibrated at site {self.site!r}",
+                              field="site", fix=f"run `lungcal recalibrate --model {run.info.run_id} --datalist "
+                                                "<site.json>` first, or drop --site to use the reference temperature")
+        logger.warning("no finished TS run linked to %s: probabilities are uncalibrated", run.info.run_id)
+        return 1.0
 
     def run(self) -> dict[str, Any]:
         """Write ``predictions.csv`` (subject, probability, temperature) and per-CT candidate tables."""
