@@ -24,8 +24,7 @@ from tqdm.auto import tqdm
 from cifar_baselines.data import BatchIterator, normalize
 
 __all__ = ["METHODS", "lr_at", "make_criterion", "resolve_device", "predict", "train_stage1",
-           "train_head_las_shift_bn", "cpu_has_native_bf16",
-           "training_precision"]
+           "train_head_las_shift_bn", "cpu_has_native_bf16", "training_precision"]
 
 METHODS = ("ce", "focal", "mixup", "focal_mixup")
 

@@ -270,10 +270,10 @@ def ece_consistency_pvalue(probs, labels, n_bins: int = 15, n_resamples: int = 2
     conf, hit = _confidence_hit(p, y, mode)
     conf = conf.astype(np.float64)
     n = conf.shape[0]
-    count, s_conf, s_hit = _binned_sums(conf, hit, n_bins)
-    observed = float(_gap_norm(count, s_conf, s_hit, n, "l1"))
     onehot = np.zeros((n, int(n_bins)))
     onehot[np.arange(n), _bin_index(conf, n_bins)] = 1.0
+    s_conf = conf @ onehot
+    observed = float(_gap_norm(onehot.sum(0), s_conf, hit.astype(np.float64) @ onehot, n, "l1"))
     rng = np.random.default_rng(seed)
     chunk = max(1, min(int(n_resamples), 4_000_000 // max(n, 1)))
     exceed, done = 0, 0

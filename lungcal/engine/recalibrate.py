@@ -127,6 +127,7 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
         reports come from ``calibration_report`` (fractions); ``reference`` scores the test split
         with the stage-1 run's own (reference-site) temperature, when it has one.
     """
+    from lungcal.calibration.metrics import ece_consistency_pvalue
     from lungcal.data.manifest import manifest_source
     from lungcal.engine import tracking as T
     from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
@@ -159,8 +160,6 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     # is the model miscalibrated on this site? ECE is biased upwards on small splits, so each row
     # also gets its consistency-resampling p-value (small = an ECE this large is unlikely for a
     # calibrated model with these confidences)
-    from lungcal.calibration.metrics import ece_consistency_pvalue
-
     for rep, probs in ((before, p_before), (reference, p_ref), (after, p_after)):
         if rep is not None:
             rep["ece_pvalue"] = ece_consistency_pvalue(probs, test["labels"], n_bins=n_bins, seed=seed)[1]
@@ -176,7 +175,7 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
         return result
     source = manifest_source(datalist)
     tags = {T.TAG_DATASET: source, T.TAG_STAGE1: stage1, T.TAG_STAGE2: "ts", T.TAG_SITE: site,
-            "lungcal.recalibration": "local"}
+            T.TAG_RECALIBRATION: "local"}
     name = f"{stage1}+ts@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
     with T.RunTracker(experiment, name, tracking_uri=uri, tags=tags, parent_run_id=parent) as tr:
         params = {"stage2": "ts", "fit_split": "val", "model": parent or "checkpoint", "site": site,

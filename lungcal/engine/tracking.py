@@ -37,6 +37,7 @@ __all__ = [
     "TAG_STAGE2",
     "TAG_SITE",
     "TAG_PARENT",
+    "TAG_RECALIBRATION",
     "default_output_dir",
     "default_tracking_uri",
     "artifact_root_for",
@@ -56,6 +57,9 @@ TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_SITE, TAG_PARENT = (
     "lungcal.site",
     "lungcal.parent_run",
 )
+#: on TS runs fitted by ``lungcal recalibrate`` at a site (value ``local``), as opposed to the
+#: reference TS run of a stage-1 bundle.
+TAG_RECALIBRATION = "lungcal.recalibration"
 #: MLflow's own tag that nests a child run under its parent in the UI.
 _MLFLOW_PARENT = "mlflow.parentRunId"
 _MAX_PARAM_LEN = 6000
@@ -377,7 +381,7 @@ def linked_temperature(tracking_uri: str, run, site: str | None = None) -> float
                       "and attributes.status = 'FINISHED'",
         order_by=["attributes.start_time DESC"])
     for r in runs:
-        local = r.data.tags.get("lungcal.recalibration") == "local"
+        local = r.data.tags.get(TAG_RECALIBRATION) == "local"
         match = (not local) if site is None else (local and r.data.tags.get(TAG_SITE) == site)
         if match and "temperature" in r.data.metrics:
             return float(r.data.metrics["temperature"])

@@ -55,6 +55,15 @@ def _runs(store: Path, **tags):
     return client, client.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"])
 
 
+def _cause_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its ``__cause__`` chain (monai.bundle wraps the workflow's own error)."""
+    chain = []
+    while exc is not None:
+        chain.append(exc)
+        exc = exc.__cause__
+    return chain
+
+
 def test_variants_hold_only_choices_and_share_the_wiring():
     wiring = {"imports", "experiment", "train", "validate", "run"}
     for name in STAGE1:
@@ -73,11 +82,7 @@ def test_las_without_stage1_run_is_a_config_error(tiny_cohort, tmp_path, monkeyp
 
     with pytest.raises(Exception) as info:
         run_bundle("nlst_las", monkeypatch, datalist=str(tiny_cohort), output_dir=str(tmp_path), num_workers=0)
-    chain, e = [], info.value
-    while e is not None:
-        chain.append(e)
-        e = e.__cause__
-    assert any(isinstance(x, ConfigError) and "stage-1" in str(x) for x in chain)
+    assert any(isinstance(x, ConfigError) and "stage-1" in str(x) for x in _cause_chain(info.value))
 
 
 @pytest.mark.parametrize("name", STAGE1)
@@ -146,8 +151,5 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
     with pytest.raises(Exception) as info:
         run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(tmp_path / "p2"),
                    output_dir=str(store), num_workers=0, site="nowhere")
-    chain, e = [], info.value
-    while e is not None:
-        chain.append(e)
-        e = e.__cause__
+    chain = _cause_chain(info.value)
     assert any("recalibrate" in str(x) for x in chain), chain
