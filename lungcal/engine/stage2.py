@@ -76,8 +76,9 @@ def retrain_head_las(
     eval mode.
 
     Args:
-        head: module mapping ``(B, D)`` features to ``(B, C)`` logits.
-        train_features: ``(N, D)`` features of the training split.
+        head: module mapping ``(B, ...)`` features to ``(B, C)`` logits.
+        train_features: ``(N, ...)`` features of the training split (``(N, D)`` pooled, or
+            ``(N, K, D + 1)`` per instance for the log-sum-exp and noisy-OR heads).
         train_labels: ``(N,)`` integer labels.
         class_counts: training-split class counts (head = most frequent class), length ``C``.
         smooth_head, smooth_tail: ε for the most and the least frequent class.
@@ -97,8 +98,8 @@ def retrain_head_las(
 
     feats = _as_tensor(train_features, torch.float32)
     labels = _as_tensor(train_labels, torch.long)
-    if feats.ndim != 2 or feats.shape[0] != labels.shape[0]:
-        raise ValueError(f"expected features (N, D) and labels (N,), got {tuple(feats.shape)} and {tuple(labels.shape)}")
+    if feats.ndim < 2 or feats.shape[0] != labels.shape[0]:
+        raise ValueError(f"expected features (N, ...) and labels (N,), got {tuple(feats.shape)} and {tuple(labels.shape)}")
     n = feats.shape[0]
     if n == 0:
         raise ValueError("no training features to retrain the head on")

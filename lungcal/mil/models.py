@@ -11,6 +11,16 @@ Contract (docs/architecture.md): ``forward(bags (B, K, 1, P, P, P), mask (B, K) 
   probability ``p_i``; ``P(cancer) = 1 - (1 - p_leak) * prod_i (1 - p_i)`` over valid instances,
   with a learnable leak ``p_leak`` (the "dummy nodule"). Logits are ``(log(1 - P), log P)``, so a
   softmax gives back ``(1 - P, P)`` exactly; the per-instance ``p_i`` are returned as "attention".
+- :class:`LogSumExpMIL` (the CT bundles' default, ``head="lse"``): the same gated attention
+  scores ``a_k``, pooled by log-sum-exp with a leak: cancer logit ``b + log(exp(a_0) + sum_k
+  exp(a_k))``, so the odds are a sum of per-candidate likelihood ratios (the Bayes form when one
+  nodule of a positive CT is the cancer); attention = masked softmax of ``a``.
+
+Test-time flips (``tta_flips=True``, the bundles' default): in eval mode a model averages its
+features and attention over the 8 flips of the patch axes (the training augmentation's flips), so
+the evaluated model is exactly flip-invariant. For the linear attention head that is the mean of
+the 8 logits. On the demo cohort it raised test AUC by 0.03-0.06 over single-orientation logits
+(docs/architecture.md). Training is unchanged (one random orientation per bag and step).
 
 Masked (padding) instances are never encoded: the encoder runs on the valid instances only, so
 their content cannot change any output and BatchNorm statistics ignore them. An all-empty bag gives
@@ -22,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GatedAttentionPool", "masked_softmax", "AttentionMIL", "NoisyORHead", "NoisyORMIL", "build_mil_model"]
+__all__ = ["GatedAttentionPool", "masked_softmax", "AttentionMIL", "NoisyORHead", "NoisyORMIL", "LogSumExpHead",
+           "LogSumExpMIL", "build_mil_model"]
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -33,6 +44,21 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> t
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
     e = torch.exp(s - m) * mask
     return e / e.sum(dim=dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+
+
+def _spatial_flips(bags: torch.Tensor):
+    """The 8 flips of the last three (spatial) axes of ``bags``, identity first."""
+    for f in range(8):
+        dims = [bags.dim() - 3 + d for d in range(3) if (f >> d) & 1]
+        yield bags.flip(dims) if dims else bags
+
+
+def _flip_averaged(fn, bags: torch.Tensor, mask: torch.Tensor):
+    """Mean of ``fn(flipped bags, mask)`` (a tensor or a tuple of tensors) over the 8 flips."""
+    outs = [fn(b, mask) for b in _spatial_flips(bags)]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.stack(o).mean(0) for o in zip(*outs))
+    return torch.stack(outs).mean(0)
 
 
 def _encode(encoder: nn.Module, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -66,10 +92,13 @@ class GatedAttentionPool(nn.Module):
         self.w = nn.Linear(attn_dim, 1)
         self.dropout = nn.Dropout(dropout)
 
+    def scores(self, h: torch.Tensor) -> torch.Tensor:
+        """Unnormalised attention scores ``a (B, K)`` of instance embeddings ``h (B, K, D)``."""
+        return self.w(self.dropout(torch.tanh(self.V(h)) * torch.sigmoid(self.U(h)))).squeeze(-1)
+
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``h (B, K, D)``, ``mask (B, K)`` -> ``(pooled (B, D), attention (B, K))``."""
-        a = self.w(self.dropout(torch.tanh(self.V(h)) * torch.sigmoid(self.U(h)))).squeeze(-1)
-        att = masked_softmax(a, mask, dim=1)
+        att = masked_softmax(self.scores(h), mask, dim=1)
         return torch.einsum("bk,bkd->bd", att, h), att
 
 
@@ -77,9 +106,10 @@ class AttentionMIL(nn.Module):
     """Encoder -> gated attention pooling -> linear head with ``num_classes`` (2) logits."""
 
     def __init__(self, encoder: nn.Module, pool: nn.Module | None = None, head: nn.Module | None = None,
-                 num_classes: int = 2, dropout: float = 0.0) -> None:
+                 num_classes: int = 2, dropout: float = 0.0, tta_flips: bool = False) -> None:
         super().__init__()
         d = encoder.embed_dim
+        self.tta_flips = bool(tta_flips)
         self.encoder = encoder
         self.pool = pool if pool is not None else GatedAttentionPool(d)
         self.dropout = nn.Dropout(dropout)
@@ -91,7 +121,14 @@ class AttentionMIL(nn.Module):
         return _encode(self.encoder, bags, mask)
 
     def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(pooled (B, D), attention (B, K))``; ``head(pooled)`` gives the logits."""
+        """``(pooled (B, D), attention (B, K))``; ``head(pooled)`` gives the logits.
+
+        In eval mode with ``tta_flips`` both are means over the 8 flips of the patches."""
+        if self.tta_flips and not self.training:
+            return _flip_averaged(self._pooled, bags, mask)
+        return self._pooled(bags, mask)
+
+    def _pooled(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool(self.encode(bags, mask), mask)
 
     def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -135,25 +172,30 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
-class NoisyORMIL(nn.Module):
-    """Leaky noisy-OR MIL (Liao et al. 2019) with the :class:`AttentionMIL` forward contract.
+class _InstanceHeadMIL(nn.Module):
+    """Shared body of the MIL models whose head sees every instance (noisy-OR, log-sum-exp).
 
     ``features(bags, mask)`` returns ``(B, K, D + 1)``: instance embeddings with the validity flag
     appended, so that ``head(features)`` alone reproduces the logits (LAS head retraining works
-    unchanged). The "attention" output holds the per-instance probabilities ``p_i`` (0 if masked).
+    unchanged). ``head.forward_with_probs`` gives ``(logits, per-instance weights)``.
     """
 
-    def __init__(self, encoder: nn.Module, head: NoisyORHead | None = None, leak_init: float = 0.01) -> None:
+    def __init__(self, encoder: nn.Module, head: nn.Module, tta_flips: bool = False) -> None:
         super().__init__()
+        self.tta_flips = bool(tta_flips)
         self.encoder = encoder
         self.embed_dim = encoder.embed_dim
-        self.head = head if head is not None else NoisyORHead(encoder.embed_dim, leak_init)
+        self.head = head
 
     def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return _encode(self.encoder, bags, mask)
 
     def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.encode(bags, mask)
+        """Instance embeddings + validity flag ``(B, K, D + 1)`` (flip-averaged in eval mode with ``tta_flips``)."""
+        if self.tta_flips and not self.training:
+            h = _flip_averaged(self.encode, bags, mask)
+        else:
+            h = self.encode(bags, mask)
         return torch.cat([h, mask.to(h.dtype).unsqueeze(-1)], dim=-1)
 
     def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,18 +206,71 @@ class NoisyORMIL(nn.Module):
         return self.head.forward_with_probs(self.features(bags, mask))
 
 
+class NoisyORMIL(_InstanceHeadMIL):
+    """Leaky noisy-OR MIL (Liao et al. 2019) with the :class:`AttentionMIL` forward contract.
+
+    The "attention" output holds the per-instance probabilities ``p_i`` (0 if masked).
+    """
+
+    def __init__(self, encoder: nn.Module, head: NoisyORHead | None = None, leak_init: float = 0.01,
+                 tta_flips: bool = False) -> None:
+        super().__init__(encoder, head if head is not None else NoisyORHead(encoder.embed_dim, leak_init), tta_flips)
+
+
+class LogSumExpHead(nn.Module):
+    """Gated attention scores pooled by log-sum-exp: features ``(B, K, D + 1)`` -> logits ``(B, 2)``.
+
+    With instance scores ``a_k`` (the gated attention of Ilse et al. 2018) and a learnable leak
+    ``a_0`` (the "dummy instance" for a cancer outside the bag, as in the leaky noisy-OR), the
+    cancer logit is ``b + log(exp(a_0) + sum_k exp(a_k))`` over valid instances, i.e. the odds are
+    a *sum* of per-instance likelihood ratios. That is the form of the Bayes posterior when one
+    instance of a positive bag is the cause (``docs/architecture.md``); unlike softmax-attention
+    pooling, which averages, it can count: two suspicious nodules are more suspicious than one.
+    The logits are ``(0, cancer logit)`` and the attention is the masked softmax of ``a``: the
+    posterior that candidate ``k`` is the cancer, given that there is one in the bag.
+    """
+
+    def __init__(self, in_dim: int, attn_dim: int = 64, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.gate = GatedAttentionPool(in_dim, attn_dim, dropout)
+        self.leak = nn.Parameter(torch.tensor(-2.0))
+        self.bias = nn.Parameter(torch.tensor(0.0))
+
+    def forward_with_probs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, valid = feats[..., :-1], feats[..., -1] > 0.5
+        a = self.gate.scores(h)
+        s = torch.cat([self.leak.expand(a.shape[0], 1), a.masked_fill(~valid, float("-inf"))], dim=1)
+        cancer = self.bias + torch.logsumexp(s, dim=1)
+        return torch.stack([torch.zeros_like(cancer), cancer], dim=1), masked_softmax(a, valid, dim=1)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_probs(feats)[0]
+
+
+class LogSumExpMIL(_InstanceHeadMIL):
+    """Encoder -> gated attention scores -> log-sum-exp pooling (:class:`LogSumExpHead`)."""
+
+    def __init__(self, encoder: nn.Module, head: LogSumExpHead | None = None, attn_dim: int = 64,
+                 dropout: float = 0.0, tta_flips: bool = False) -> None:
+        super().__init__(encoder, head if head is not None else LogSumExpHead(encoder.embed_dim, attn_dim, dropout),
+                         tta_flips)
+
+
 def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: int = 64, patch_size: int = 16,
-                    attn_dim: int = 64, dropout: float = 0.0, num_classes: int = 2, **encoder_kwargs) -> nn.Module:
+                    attn_dim: int = 64, dropout: float = 0.0, num_classes: int = 2, tta_flips: bool = False,
+                    **encoder_kwargs) -> nn.Module:
     """Build a MIL model.
 
     Args:
         encoder: ``"small"`` (CPU default) or ``"resnet10"`` (MONAI).
-        head: ``"attention"`` (gated attention + linear head) or ``"noisy_or"``.
+        head: ``"attention"`` (gated attention + linear head), ``"lse"`` (gated attention scores +
+            log-sum-exp pooling, :class:`LogSumExpHead`) or ``"noisy_or"``.
         embed_dim: instance embedding size D.
         patch_size: patch edge P (checked against the encoder; any P >= 8 works).
         attn_dim: hidden size of the attention gate.
         dropout: dropout on the attention gate and before the head (attention head only).
         num_classes: logits of the attention head (2; noisy-OR is binary by construction).
+        tta_flips: in eval mode, average features and attention over the 8 flips of the patch axes.
     """
     from lungcal.errors import ConfigError
     from lungcal.mil.encoders import InstanceEncoder
@@ -185,9 +280,11 @@ def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: 
     enc = InstanceEncoder(encoder, embed_dim=embed_dim, **encoder_kwargs)
     if head == "attention":
         return AttentionMIL(enc, GatedAttentionPool(embed_dim, attn_dim, dropout), num_classes=num_classes,
-                            dropout=dropout)
+                            dropout=dropout, tta_flips=tta_flips)
+    if head == "lse":
+        return LogSumExpMIL(enc, attn_dim=attn_dim, dropout=dropout, tta_flips=tta_flips)
     if head in ("noisy_or", "noisyor"):
         if num_classes != 2:
             raise ConfigError("the noisy-OR head is binary", field="num_classes", fix="use num_classes=2")
-        return NoisyORMIL(enc)
-    raise ConfigError(f"unknown MIL head {head!r}", field="head", fix="use 'attention' or 'noisy_or'")
+        return NoisyORMIL(enc, tta_flips=tta_flips)
+    raise ConfigError(f"unknown MIL head {head!r}", field="head", fix="use 'attention', 'lse' or 'noisy_or'")

@@ -19,7 +19,7 @@ def _bags(b=3, k=5, seed=0):
     return bags, mask
 
 
-@pytest.fixture(params=[("small", "attention"), ("small", "noisy_or"), ("resnet10", "attention")])
+@pytest.fixture(params=[("small", "attention"), ("small", "noisy_or"), ("small", "lse"), ("resnet10", "attention")])
 def model(request):
     torch.manual_seed(0)
     enc, head = request.param
@@ -136,3 +136,72 @@ def test_components_and_factory_errors():
             build_mil_model(**kw)
     with pytest.raises(ValueError):
         m(torch.rand(2, 3, 1, P, P, P), torch.ones(2, 4, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("head", ["attention", "noisy_or", "lse"])
+def test_tta_flips_is_eval_only_flip_invariant_and_the_mean_of_the_8_flips(head):
+    torch.manual_seed(0)
+    bags, mask = _bags(b=4, k=5)
+    plain = build_mil_model(head=head, patch_size=bags.shape[-1], tta_flips=False)
+    tta = build_mil_model(head=head, patch_size=bags.shape[-1], tta_flips=True)
+    tta.load_state_dict(plain.state_dict())
+    plain.eval(), tta.eval()
+    with torch.no_grad():
+        logits, att = tta(bags, mask)
+        # exactly invariant to any flip of the patch axes (the group maps onto itself)
+        flipped_logits, flipped_att = tta(bags.flip([-1, -3]), mask)
+        assert torch.allclose(logits, flipped_logits, atol=1e-5)
+        assert torch.allclose(att, flipped_att, atol=1e-5)
+        # and, for the linear attention head, it is the mean of the 8 single-orientation logits
+        flips = [[d for d in (-3, -2, -1) if (f >> (d + 3)) & 1] for f in range(8)]
+        singles = torch.stack([plain(bags.flip(f) if f else bags, mask)[0] for f in flips])
+        if head == "attention":
+            assert torch.allclose(logits, singles.mean(0), atol=1e-5)
+        assert not torch.allclose(plain(bags.flip([-1]), mask)[0], plain(bags, mask)[0], atol=1e-5)
+        assert (att[~mask] == 0).all()
+    # training sees one orientation: identical to the plain model
+    plain.train(), tta.train()
+    torch.manual_seed(1)
+    a = plain(bags, mask)[0]
+    torch.manual_seed(1)
+    b = tta(bags, mask)[0]
+    assert torch.allclose(a, b)
+
+
+def test_log_sum_exp_head_is_a_sum_of_odds_that_counts():
+    from lungcal.mil import LogSumExpHead
+
+    torch.manual_seed(0)
+    head = LogSumExpHead(6, attn_dim=4).eval()
+    with torch.no_grad():
+        head.bias.fill_(0.3)
+        head.leak.fill_(-1.5)
+    h = torch.randn(2, 4, 6)
+    valid = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    feats = torch.cat([h, valid.float().unsqueeze(-1)], -1)
+    with torch.no_grad():
+        logits, att = head.forward_with_probs(feats)
+        a = head.gate.scores(h)
+    expected = 0.3 + torch.log(torch.exp(torch.tensor(-1.5)) + torch.exp(a[0, :2]).sum())
+    assert torch.allclose(logits[0], torch.stack([torch.zeros(()), expected]), atol=1e-5)
+    assert torch.allclose(logits[1], torch.tensor([0.0, 0.3 - 1.5]), atol=1e-6)  # empty bag: bias + leak
+    assert torch.allclose(att[0, :2], torch.softmax(a[0, :2], 0)) and (att[0, 2:] == 0).all() and (att[1] == 0).all()
+    # a second copy of the same candidate raises the cancer logit (softmax pooling could not tell)
+    two = feats.clone()
+    two[0, 2] = two[0, 0]
+    with torch.no_grad():
+        assert head(two)[0, 1] > logits[0, 1]
+
+
+def test_las_retrains_a_per_instance_head_on_3d_features():
+    from lungcal.engine.stage2 import retrain_head_las
+
+    torch.manual_seed(0)
+    model = build_mil_model(head="lse", embed_dim=8, patch_size=P).eval()
+    bags, mask = _bags(b=6, k=5)
+    with torch.no_grad():
+        feats = model.features(bags, mask)
+    assert feats.shape == (6, 5, 9)
+    labels = torch.tensor([0, 1, 0, 1, 0, 1])
+    new = retrain_head_las(model.head, feats, labels, [3, 3], smooth_head=0.1, smooth_tail=0.0, epochs=2, batch_size=4)
+    assert new is not model.head and new(feats).shape == (6, 2)
