@@ -242,7 +242,8 @@ class CTExperiment:
         mixup_alpha: Beta(α, α) mixup; 0 disables.
         mixup_space: ``input`` (bag-level) or ``feature`` (pooled features).
         epochs, batch_size, lr, weight_decay, warmup_epochs: optimisation (AdamW, warm-up + cosine).
-        encoder, embed_dim, attn_dim, dropout: MIL model (:func:`lungcal.mil.models.build_mil_model`).
+        encoder, embed_dim, attn_dim, dropout, head: MIL model (:func:`lungcal.mil.models.build_mil_model`;
+            head ``attention``, ``lse`` or ``noisy_or``).
         bag_params: :class:`lungcal.candidates.cache.BagParams` fields (spacing, hu_window, k, patch_size...).
         datalist: datalist JSON; ``None`` uses the built-in synthetic cohort (generated once).
         demo_subjects: size of the synthetic cohort when it is generated (``None``: its default).
@@ -252,16 +253,19 @@ class CTExperiment:
         n_bins, n_bootstrap: test-report ECE bins (10 for CT) and bootstrap resamples.
         seed, device, num_workers: reproducibility, torch device, bag-building processes.
         augment: random flips/axis permutations of the training bags (:func:`random_orientation`).
+        tta_flips: evaluate (validation, test, TS, LAS features, inference) with features averaged
+            over the 8 flips of the patch axes (:mod:`lungcal.mil.models`); stored in the checkpoint.
     """
 
     def __init__(self, method: str, loss: str = "ce", focal_gamma: float = 2.0, mixup_alpha: float = 0.0,
                  mixup_space: str = "input", epochs: int = 10, batch_size: int = 16, lr: float = 1e-3,
                  weight_decay: float = 1e-4, warmup_epochs: float = 1.0, encoder: str = "small", embed_dim: int = 64,
-                 attn_dim: int = 64, dropout: float = 0.0, bag_params: Mapping[str, Any] | None = None,
+                 attn_dim: int = 64, dropout: float = 0.0, head: str = "attention",
+                 bag_params: Mapping[str, Any] | None = None,
                  datalist: str | None = None, demo_subjects: int | None = None, output_dir: str | None = None,
                  tracking_uri: str | None = None, run_name: str | None = None, n_bins: int = 10,
                  n_bootstrap: int = 1000, seed: int = 0, device: str | None = None, num_workers: int = 2,
-                 augment: bool = True, bundle: str | None = None) -> None:
+                 augment: bool = True, tta_flips: bool = True, bundle: str | None = None) -> None:
         self.choices = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.method = method
         self.loss_name = loss
@@ -274,9 +278,10 @@ class CTExperiment:
         self.weight_decay = float(weight_decay)
         self.warmup_epochs = float(warmup_epochs)
         self.bag_params = dict(bag_params or {})
-        self.model_config = {"encoder": encoder, "head": "attention", "embed_dim": int(embed_dim),
+        self.model_config = {"encoder": encoder, "head": head, "embed_dim": int(embed_dim),
                              "attn_dim": int(attn_dim), "dropout": float(dropout),
-                             "patch_size": int(self.bag_params.get("patch_size", 16)), "num_classes": 2}
+                             "patch_size": int(self.bag_params.get("patch_size", 16)), "num_classes": 2,
+                             "tta_flips": bool(tta_flips)}
         self.output_dir = _resolve_output_dir(output_dir)
         self.tracking_uri = tracking_uri or T.default_tracking_uri(self.output_dir)
         self.run_name = run_name or f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"
