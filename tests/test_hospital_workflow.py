@@ -41,6 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # now go to val and test: 600 CTs, 300 / 300. That run: shipped 0.091 [0.044, 0.146] -> local TS
 # 0.052 [0.019, 0.108], but A's own shipped ECE on its 80 test CTs was 0.110, the small-sample
 # bias of ECE: "miscalibrated on B" is now tested with the consistency p-value instead.
+# 2026-12-01: the CT bundles' default model became the log-sum-exp head with test-time flips. With
+# it, site A's test AUC rose to 0.80, the shipped model was still miscalibrated on B (ECE 0.109,
+# p 0.001), but local TS did not lower it (T 0.825 -> ECE 0.109, p < 0.001): B's shift is mainly a
+# prevalence (intercept) shift, which one temperature cannot undo (docs/hospital.md). This test
+# checks the recalibration workflow on the model it was designed and measured with, so it pins
+# the former model (softmax attention, single orientation) instead of weakening its assertions.
 SITE_A = dict(n_subjects=400, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
               scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
 SITE_B = dict(n_subjects=600, prevalence=0.11, splits=(0.0, 0.5, 0.5), seed=12, shape=(176, 176, 75),
@@ -64,7 +70,8 @@ def test_two_site_recalibration(tmp_path, capsys):
     # train on the reference site with the real stage-1 bundle (+ its linked TS run)
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/nlst_ce.json",
            "--datalist", str(a), "--epochs", "40", "--output_dir", str(out), "--tracking_uri", uri,
-           "--n_bootstrap", "500", "--num_workers", "2", "--run_name", "site-a-ce"]
+           "--n_bootstrap", "500", "--num_workers", "2", "--run_name", "site-a-ce",
+           "--head", "attention", "--tta_flips", "False"]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
