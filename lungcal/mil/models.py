@@ -268,8 +268,10 @@ def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: 
         embed_dim: instance embedding size D.
         patch_size: patch edge P (checked against the encoder; any P >= 8 works).
         attn_dim: hidden size of the attention gate.
-        dropout: dropout on the attention gate and before the head (attention head only).
-        num_classes: logits of the attention head (2; noisy-OR is binary by construction).
+        dropout: dropout on the attention gate (attention and log-sum-exp heads) and before the
+            linear head (attention head).
+        num_classes: logits of the attention head (2; log-sum-exp and noisy-OR are binary by
+            construction).
         tta_flips: in eval mode, average features and attention over the 8 flips of the patch axes.
     """
     from lungcal.errors import ConfigError
@@ -281,10 +283,10 @@ def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: 
     if head == "attention":
         return AttentionMIL(enc, GatedAttentionPool(embed_dim, attn_dim, dropout), num_classes=num_classes,
                             dropout=dropout, tta_flips=tta_flips)
+    if head in ("lse", "noisy_or", "noisyor") and num_classes != 2:
+        raise ConfigError(f"the {head} head is binary", field="num_classes", fix="use num_classes=2")
     if head == "lse":
         return LogSumExpMIL(enc, attn_dim=attn_dim, dropout=dropout, tta_flips=tta_flips)
     if head in ("noisy_or", "noisyor"):
-        if num_classes != 2:
-            raise ConfigError("the noisy-OR head is binary", field="num_classes", fix="use num_classes=2")
         return NoisyORMIL(enc, tta_flips=tta_flips)
     raise ConfigError(f"unknown MIL head {head!r}", field="head", fix="use 'attention', 'lse' or 'noisy_or'")
