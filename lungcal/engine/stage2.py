@@ -53,6 +53,21 @@ def class_counts_from_labels(labels, num_classes: int) -> list[int]:
     return torch.bincount(_as_tensor(labels, torch.long), minlength=num_classes).tolist()
 
 
+def apply_head(head: torch.nn.Module, features: torch.Tensor,
+               attention: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits and per-candidate weights of a (retrained) head on cached features.
+
+    Heads that see every instance (log-sum-exp, noisy-OR: they have ``forward_with_probs``) hold
+    their own instance scorer, so after LAS the weights come from the new head. A plain head on
+    pooled features (softmax attention) leaves the pool in the frozen part: ``attention``, the
+    stage-1 weights, is returned as it is.
+    """
+    with torch.no_grad():
+        if hasattr(head, "forward_with_probs"):
+            return head.forward_with_probs(features)
+        return head(features), attention
+
+
 def retrain_head_las(
     head: torch.nn.Module,
     train_features,

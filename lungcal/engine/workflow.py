@@ -479,7 +479,7 @@ class LASExperiment(_FromStage1):
         """Load stage 1, retrain the head with LAS on train features, evaluate on test, log a linked run."""
         from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
         from lungcal.engine.stage1 import predict
-        from lungcal.engine.stage2 import class_counts_from_labels, retrain_head_las
+        from lungcal.engine.stage2 import apply_head, class_counts_from_labels, retrain_head_las
 
         run, ck, net, bag_params = self._load_stage1()
         data = _CTData(self.datalist, self.output_dir, bag_params, self.num_workers, self.demo_subjects).load()
@@ -489,8 +489,8 @@ class LASExperiment(_FromStage1):
         counts = class_counts_from_labels(train["labels"], 2)
         head = retrain_head_las(net.head, out["train"]["features"], train["labels"], counts,
                                 **{k: v for k, v in self.las.items()})
-        with torch.no_grad():
-            logits = head(out["test"]["features"])
+        # log-sum-exp / noisy-OR heads score the candidates themselves: the table shows the new weights
+        logits, attention = apply_head(head, out["test"]["features"], out["test"]["attention"])
         p = probabilities(logits)
         rep = evaluate_probs(p, test["labels"], n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed)
         parent = run.info.run_id if run is not None else None
@@ -505,7 +505,7 @@ class LASExperiment(_FromStage1):
             tr.log_params(params)
             tr.log_dict(params, "config/resolved.json")
             log_split(tr, "test", p, test["labels"], rep, n_bins=self.n_bins, subjects=test["subjects"],
-                      attention=out["test"]["attention"], candidates=test["candidates"],
+                      attention=attention, candidates=test["candidates"],
                       workdir=self.output_dir / "checkpoints" / tr.run_id, title=f"{stage1}+LAS")
             net.head = head
             tr.log_model(net, extra=ck["model_config"])

@@ -194,7 +194,7 @@ def test_log_sum_exp_head_is_a_sum_of_odds_that_counts():
 
 
 def test_las_retrains_a_per_instance_head_on_3d_features():
-    from lungcal.engine.stage2 import retrain_head_las
+    from lungcal.engine.stage2 import apply_head, retrain_head_las
 
     torch.manual_seed(0)
     model = build_mil_model(head="lse", embed_dim=8, patch_size=P).eval()
@@ -205,3 +205,21 @@ def test_las_retrains_a_per_instance_head_on_3d_features():
     labels = torch.tensor([0, 1, 0, 1, 0, 1])
     new = retrain_head_las(model.head, feats, labels, [3, 3], smooth_head=0.1, smooth_tail=0.0, epochs=2, batch_size=4)
     assert new is not model.head and new(feats).shape == (6, 2)
+    # the candidate weights of a LAS run come from the retrained scorer, not from stage 1
+    with torch.no_grad():
+        _, stage1_att = model(bags, mask)
+    logits, att = apply_head(new, feats, stage1_att)
+    assert torch.equal(logits, new(feats)) and torch.equal(att, new.forward_with_probs(feats)[1])
+    assert not torch.allclose(att, stage1_att)
+    assert torch.allclose(att.sum(1), mask.any(1).float()) and (att[~mask] == 0).all()
+
+
+def test_apply_head_keeps_the_pool_weights_of_an_attention_model():
+    from lungcal.engine.stage2 import apply_head
+
+    model = build_mil_model(head="attention", embed_dim=8, patch_size=P).eval()
+    bags, mask = _bags(b=3, k=4)
+    with torch.no_grad():
+        pooled, att = model.forward_features(bags, mask)
+    logits, same = apply_head(model.head, pooled, att)
+    assert same is att and torch.equal(logits, model(bags, mask)[0])
