@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # prevalence (intercept) shift, which one temperature cannot undo (docs/hospital.md). This test
 # checks the recalibration workflow on the model it was designed and measured with, so it pins
 # the former model (softmax attention, single orientation) instead of weakening its assertions.
+# Later that day nlst_ce.json's learning rate went to 1e-3 (chosen on the demo's validation split);
+# the pinned recipe keeps the 2e-3 it was measured with.
 SITE_A = dict(n_subjects=400, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
               scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
 SITE_B = dict(n_subjects=600, prevalence=0.11, splits=(0.0, 0.5, 0.5), seed=12, shape=(176, 176, 75),
@@ -71,7 +73,7 @@ def test_two_site_recalibration(tmp_path, capsys):
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/nlst_ce.json",
            "--datalist", str(a), "--epochs", "40", "--output_dir", str(out), "--tracking_uri", uri,
            "--n_bootstrap", "500", "--num_workers", "2", "--run_name", "site-a-ce",
-           "--head", "attention", "--tta_flips", "False"]
+           "--head", "attention", "--tta_flips", "False", "--lr", "0.002"]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
