@@ -50,7 +50,7 @@ _TEST_FILES = ("test_batch",)
 def default_data_dir() -> Path:
     """``<output_dir>/data/cifar10`` (``$LUNGCAL_HOME`` or ``./runs``)."""
     try:
-        from lungcal.engine.tracking import default_output_dir
+        from lungcal.paths import default_output_dir
         return default_output_dir() / "data" / "cifar10"
     except ImportError:  # pragma: no cover - engine not installed yet
         import os

@@ -204,7 +204,7 @@ def train_head_las_shift_bn(model: nn.Module, train_x: torch.Tensor, train_y: to
     Every parameter of the backbone stays frozen; its BatchNorm layers run in train mode so their
     running mean / variance follow the class-balanced, augmented batches (MiSLAS "shift learning
     on BN"). Only ``head`` receives gradients (SGD momentum 0.9, cosine decay over the epochs).
-    Use :func:`lungcal.engine.stage2.retrain_head_las` instead when BN shift is not wanted (it
+    Use :func:`lungcal.calibration.las.retrain_head_las` instead when BN shift is not wanted (it
     works on cached features).
 
     Returns:

@@ -91,7 +91,7 @@ def _log_split(tracker, split: str, logits: torch.Tensor, labels: torch.Tensor, 
 
 
 def _tags(dataset: str, stage1: str, stage2: str) -> dict[str, str]:
-    from lungcal.engine.tracking import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
+    from lungcal.tracking import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
     return {TAG_DATASET: dataset, TAG_STAGE1: stage1, TAG_STAGE2: stage2, TAG_SITE: SITE}
 
 
@@ -122,7 +122,8 @@ class _Common:
             raise ConfigError(f"subset={self.subset} is too small", field="subset", fix="use >= 10 or null")
 
     def _setup(self) -> tuple[torch.device, CifarSplits, Path, str]:
-        from lungcal.engine.tracking import default_output_dir, default_tracking_uri
+        from lungcal.paths import default_output_dir
+        from lungcal.tracking import default_tracking_uri
         self._check()
         if self.num_threads:
             torch.set_num_threads(int(self.num_threads))
@@ -171,8 +172,8 @@ class Stage1(_Common):
             raise ConfigError(f"epochs={self.epochs}", field="epochs", fix="use a positive number of epochs")
 
     def run(self) -> dict:
-        from lungcal.engine.stage2 import fit_temperature
-        from lungcal.engine.tracking import RunTracker
+        from lungcal.calibration.scaling import TemperatureScaler
+        from lungcal.tracking import RunTracker
 
         device, s, out, uri = self._setup()
         cfg = self.settings()
@@ -219,7 +220,7 @@ class Stage1(_Common):
             tmp.replace(ckpt)
             run_id = tr.run_id
 
-        scaler = fit_temperature(val_logits, s.val_y.cpu())
+        scaler = TemperatureScaler().fit(val_logits, s.val_y.cpu())
         with RunTracker(self.dataset, f"{name}_ts", tracking_uri=uri, tags=_tags(self.dataset, self.method, "ts"),
                         parent_run_id=run_id) as tr:
             tr.log_params({**cfg, "stage2": "ts", "ts_fit_split": "val"})
@@ -275,7 +276,7 @@ class Stage2LAS(_Common):
     parent are reused so the splits are the same. With ``shift_bn`` the head is retrained on
     augmented class-balanced batches while BatchNorm statistics are re-estimated
     (:func:`cifar_baselines.train.train_head_las_shift_bn`); without it,
-    :func:`lungcal.engine.stage2.retrain_head_las` retrains the head on cached features.
+    :func:`lungcal.calibration.las.retrain_head_las` retrains the head on cached features.
     """
 
     parent_run: str | None = None
@@ -289,8 +290,9 @@ class Stage2LAS(_Common):
     shift_bn: bool = True
 
     def run(self) -> dict:
-        from lungcal.engine.stage2 import retrain_head_las
-        from lungcal.engine.tracking import RunTracker, default_output_dir, default_tracking_uri
+        from lungcal.calibration.las import retrain_head_las
+        from lungcal.paths import default_output_dir
+        from lungcal.tracking import RunTracker, default_tracking_uri
 
         out = Path(self.output_dir) if self.output_dir else default_output_dir()
         uri = self.tracking_uri or default_tracking_uri(out)

@@ -17,6 +17,8 @@ from lungcal.errors import LungcalError
 COMMAND_MODULES = [
     "lungcal.data.commands",
     "lungcal.engine.commands",
+    "lungcal.study.commands",
+    "lungcal.tracking.commands",
 ]
 
 

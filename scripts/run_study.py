@@ -8,7 +8,7 @@ Example::
 """
 import sys
 
-from lungcal.engine.study import main
+from lungcal.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["study", *sys.argv[1:]]))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import logging
 from collections import Counter
-from pathlib import Path
 
 from lungcal.errors import ConfigError
 

@@ -1,54 +1,18 @@
-"""``lungcal study | report | recalibrate | ui``: the engine's command-line sub-commands.
+"""``lungcal recalibrate``: the CT engine's command-line sub-command.
 
-Heavy imports (torch, MLflow, MONAI) happen inside each command, so ``lungcal --help`` stays fast.
-User errors are :class:`lungcal.errors.LungcalError`; :mod:`lungcal.cli` prints them in one line.
+Heavy imports (torch, MLflow, MONAI) happen inside the command, so ``lungcal --help`` stays fast
+(the only function-local imports the lint contract allows). User errors are
+:class:`lungcal.errors.LungcalError`; :mod:`lungcal.cli` prints them in one line.
 """
 from __future__ import annotations
 
 import argparse
-import shlex
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-from lungcal.errors import ConfigError
-
-__all__ = ["register", "ui_command"]
+__all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the engine's sub-commands to the ``lungcal`` parser."""
-    p = subparsers.add_parser(
-        "study", help="run the study grid (dataset x stage-1 x stage-2) through the bundles, resuming",
-        description="Run a grid of dataset x stage-1 method x stage-2 method through the bundles. "
-        "Configurations with a FINISHED run in MLflow are skipped.")
-    p.add_argument("--datasets", nargs="+", default=["nlst"], help="nlst, cifar10, cifar10lt (default: nlst)")
-    p.add_argument("--stage1", nargs="+", default=None, help="stage-1 methods (default: ce focal mixup focal_mixup)")
-    p.add_argument("--stage2", nargs="+", default=None, help="stage-2 methods (default: none ts las)")
-    p.add_argument("--preset", choices=["reduced", "full"], default="reduced",
-                   help="reduced: CPU-friendly schedule (default); full: the study's schedule")
-    p.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra bundle override, repeatable (e.g. -o epochs=3)")
-    p.add_argument("--datalist", default=None, help="datalist JSON for the CT bundles (default: synthetic cohort)")
-    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
-    p.add_argument("--bundle-dir", default=None, help="folder with the bundle JSONs (default: ./bundles)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (run / skip) and exit")
-    p.add_argument("--force", action="store_true", help="rerun configurations that already have a finished run")
-    p.add_argument("--in-process", action="store_true",
-                   help="run bundles with monai.bundle.run in this process (faster start, no isolation)")
-    p.set_defaults(func=_study)
-
-    p = subparsers.add_parser(
-        "report", help="build the study's comparison tables from MLflow (Markdown, CSV, HTML)",
-        description="Rows: stage-1 methods; column groups: stage-2 methods; cells ACC, AUC, ECE with 95% CIs.")
-    p.add_argument("--experiment", required=True, help="MLflow experiment: nlst, cifar10, cifar10lt, ...")
-    p.add_argument("--out", default=None, help="output folder (default: <runs>/reports/<experiment>)")
-    p.add_argument("--split", default="test", help="split whose final metrics are tabulated (default: test)")
-    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
-    p.add_argument("--no-log", action="store_true", help="do not log the report as an MLflow run")
-    p.set_defaults(func=_report)
-
+    """Add ``recalibrate`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit temperature scaling on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit TS on the site's validation "
@@ -65,53 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-workers", type=int, default=0, help="parallel workers for bag building")
     p.set_defaults(func=_recalibrate)
 
-    p = subparsers.add_parser(
-        "ui", help="open the project's MLflow store in the MLflow UI",
-        description="Prints and runs `mlflow ui` on the project's SQLite store (bound to 127.0.0.1).")
-    p.add_argument("--tracking-uri", default=None, help="store to open (default: the project's SQLite store)")
-    p.add_argument("--port", type=int, default=5000)
-    p.add_argument("--print-only", action="store_true", help="only print the command")
-    p.set_defaults(func=_ui)
-
-
-def _parse_overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not KEY=VALUE", field="--override",
-                              fix="write e.g. --override epochs=3")
-        out[key.strip()] = value
-    return out
-
-
-def _study(args: argparse.Namespace) -> int:
-    from lungcal.engine.study import inprocess_runner, plan_study, print_plan, run_study
-
-    plan = plan_study(args.datasets, stage1=args.stage1, stage2=args.stage2, preset=args.preset,
-                      overrides=_parse_overrides(args.override), datalist=args.datalist,
-                      tracking_uri=args.tracking_uri, bundle_dir=args.bundle_dir, force=args.force)
-    if args.in_process:
-        plan.runner = inprocess_runner
-    print_plan(plan)
-    if args.dry_run:
-        return 0
-    results = run_study(plan)
-    failed = [r for r in results if r.status == "failed"]
-    return 1 if failed else 0
-
-
-def _report(args: argparse.Namespace) -> int:
-    from lungcal.engine.report import build_report
-
-    res = build_report(args.experiment, args.out, tracking_uri=args.tracking_uri, split=args.split,
-                       log_run=not args.no_log)
-    print(Path(res["markdown"]).read_text())
-    print(f"wrote {res['markdown']}\n      {res['csv']}\n      {res['html']}")
-    if res["run_id"]:
-        print(f"logged as MLflow run {res['run_id']} (experiment {args.experiment})")
-    return 0
-
 
 def _recalibrate(args: argparse.Namespace) -> int:
     from lungcal.engine.recalibrate import format_summary, recalibrate
@@ -121,28 +38,3 @@ def _recalibrate(args: argparse.Namespace) -> int:
                       output_dir=args.output_dir, num_workers=args.num_workers)
     print(format_summary(res))
     return 0
-
-
-def ui_command(tracking_uri: str | None = None, port: int = 5000) -> list[str]:
-    """The ``mlflow ui`` command line for a store (default: the project's SQLite store), loopback only."""
-    from lungcal.engine.tracking import default_tracking_uri
-
-    uri = tracking_uri or default_tracking_uri()
-    if not uri.startswith("sqlite:///"):
-        raise ConfigError(f"`lungcal ui` opens a local SQLite store, not {uri!r}", field="--tracking-uri",
-                          fix="open a team server's address in the browser instead")
-    db = Path(uri[len("sqlite:///"):])
-    if not db.exists():
-        raise ConfigError("no MLflow store here yet", file=db,
-                          fix="run a bundle first, or pass --tracking-uri sqlite:///<abs path>/mlflow.db")
-    exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
-    return [exe, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
-
-
-def _ui(args: argparse.Namespace) -> int:
-    cmd = ui_command(args.tracking_uri, args.port)
-    print("mlflow " + " ".join(shlex.quote(c) for c in cmd[1:]))
-    print(f"then open http://127.0.0.1:{args.port}")
-    if args.print_only:
-        return 0
-    return subprocess.call(cmd)

@@ -2,7 +2,7 @@
 
 A model trained elsewhere is re-checked on the site's data and recalibrated *without retraining*:
 the stage-1 network is frozen, one temperature is fitted by NLL on the site's ``val`` logits only
-(:func:`lungcal.engine.stage2.fit_temperature`), and the site's ``test`` split is evaluated
+(:class:`lungcal.calibration.scaling.TemperatureScaler`), and the site's ``test`` split is evaluated
 before and after with bootstrap CIs (same resamples for both, so the two are comparable). The
 test split is never used for fitting.
 
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from lungcal.errors import ConfigError, DataError
+from lungcal.paths import default_output_dir
 
 __all__ = ["recalibrate", "format_summary", "load_stage1_model"]
 
@@ -129,16 +130,16 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     """
     from lungcal.calibration.metrics import ece_consistency_pvalue
     from lungcal.data.manifest import manifest_source
-    from lungcal.engine import tracking as T
+    from lungcal import tracking
     from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-    from lungcal.engine.stage2 import fit_temperature
+    from lungcal.calibration.scaling import TemperatureScaler
 
     datalist = Path(datalist).expanduser()
     if not datalist.is_file():
         raise DataError("datalist not found", file=datalist, field="--datalist",
                         fix="create it with `lungcal import-site`, then run `lungcal check-data`")
-    out_dir = Path(output_dir).expanduser().resolve() if output_dir else T.default_output_dir()
-    uri = tracking_uri or T.default_tracking_uri(out_dir)
+    out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
+    uri = tracking_uri or tracking.default_tracking_uri(out_dir)
     net, ck, run = load_stage1_model(str(model), uri)
     bag_params = json.loads(ck["bag_params"]) if isinstance(ck.get("bag_params"), str) else dict(ck.get("bag_params") or {})
     val_rows, test_rows, site_from_rows = _site_rows(datalist)
@@ -147,13 +148,13 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     val = _predict(net, val_rows, bag_params, cache, num_workers)
     test = _predict(net, test_rows, bag_params, cache, num_workers)
 
-    scaler = fit_temperature(val["logits"], val["labels"])  # validation only
+    scaler = TemperatureScaler().fit(val["logits"], val["labels"])  # validation only
     temp = float(scaler.temperature)
     p_before = probabilities(test["logits"])
     p_after = probabilities(test["logits"], temp)
     before = evaluate_probs(p_before, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
     after = evaluate_probs(p_after, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
-    ref_temp = T.linked_temperature(uri, run) if run is not None else None
+    ref_temp = tracking.linked_temperature(uri, run) if run is not None else None
     p_ref = probabilities(test["logits"], ref_temp) if ref_temp is not None else None
     reference = (evaluate_probs(p_ref, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
                  if p_ref is not None else None)
@@ -167,19 +168,19 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     val_after = evaluate_probs(probabilities(val["logits"], temp), val["labels"], n_bins=n_bins, n_bootstrap=0)
 
     parent = run.info.run_id if run is not None else None
-    stage1 = run.data.tags.get(T.TAG_STAGE1, "unknown") if run is not None else str(ck.get("method", "checkpoint"))
+    stage1 = run.data.tags.get(tracking.TAG_STAGE1, "unknown") if run is not None else str(ck.get("method", "checkpoint"))
     result = {"before": before, "reference": reference, "after": after, "temperature": temp,
               "reference_temperature": ref_temp, "run_id": None, "parent_run": parent,
               "stage1": stage1, "site": site, "n_val": len(val_rows), "n_test": len(test_rows), "tracking_uri": uri}
     if not log:
         return result
     source = manifest_source(datalist)
-    tags = {T.TAG_DATASET: source, T.TAG_STAGE1: stage1, T.TAG_STAGE2: "ts", T.TAG_SITE: site,
-            T.TAG_RECALIBRATION: "local"}
+    tags = {tracking.TAG_DATASET: source, tracking.TAG_STAGE1: stage1, tracking.TAG_STAGE2: "ts", tracking.TAG_SITE: site,
+            tracking.TAG_RECALIBRATION: "local"}
     name = f"{stage1}+ts@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with T.RunTracker(experiment, name, tracking_uri=uri, tags=tags, parent_run_id=parent) as tr:
+    with tracking.RunTracker(experiment, name, tracking_uri=uri, tags=tags, parent_run_id=parent) as tr:
         params = {"stage2": "ts", "fit_split": "val", "model": parent or "checkpoint", "site": site,
-                  "datalist": {"source": source, "sha256": T.file_digest(datalist)},
+                  "datalist": {"source": source, "sha256": tracking.file_digest(datalist)},
                   "n_val": len(val_rows), "n_test": len(test_rows), "n_bins": n_bins, "n_bootstrap": n_bootstrap,
                   "bag_params": bag_params, "retrained": False}
         tr.log_params(params)

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lungcal.engine import tracking as T
+from lungcal import tracking
 from lungcal.errors import ConfigError, DataError
+from lungcal.paths import default_output_dir
 
 __all__ = ["CTExperiment", "LASExperiment", "InferenceWorkflow", "find_stage1_run", "load_checkpoint"]
 
@@ -50,7 +51,7 @@ def _device(device: str | None) -> torch.device:
 
 
 def _resolve_output_dir(output_dir: str | os.PathLike | None) -> Path:
-    out = Path(output_dir).expanduser().resolve() if output_dir else T.default_output_dir()
+    out = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -147,7 +148,7 @@ def find_stage1_run(tracking_uri: str, run_id: str | None = None, experiment: st
         return run
     exp = client.get_experiment_by_name(experiment)
     runs = [] if exp is None else client.search_runs(
-        [exp.experiment_id], filter_string=f"attributes.status = 'FINISHED' and tags.`{T.TAG_STAGE2}` = 'none'",
+        [exp.experiment_id], filter_string=f"attributes.status = 'FINISHED' and tags.`{tracking.TAG_STAGE2}` = 'none'",
         order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
         raise ConfigError(f"no finished stage-1 run in experiment {experiment!r} of {tracking_uri}",
@@ -208,7 +209,7 @@ class _CTData:
         path = self.datalist_path()
         rows = load_manifest(path)
         self.source = manifest_source(path) if self.datalist not in (None, "", "synthetic") else "synthetic"
-        self.digest = T.file_digest(path)
+        self.digest = tracking.file_digest(path)
         sites = sorted({str(r.get("site", "")) for r in rows if r.get("site")})
         self.site = ",".join(sites) if sites else "unknown"
         wanted = [r for s in splits for r in rows_for_split(rows, s)]
@@ -283,7 +284,7 @@ class CTExperiment:
                              "patch_size": int(self.bag_params.get("patch_size", 16)), "num_classes": 2,
                              "tta_flips": bool(tta_flips)}
         self.output_dir = _resolve_output_dir(output_dir)
-        self.tracking_uri = tracking_uri or T.default_tracking_uri(self.output_dir)
+        self.tracking_uri = tracking_uri or tracking.default_tracking_uri(self.output_dir)
         self.run_name = run_name or f"{method}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.n_bins = int(n_bins)
         self.n_bootstrap = int(n_bootstrap)
@@ -340,18 +341,18 @@ class CTExperiment:
         return p
 
     def _tags(self, stage2: str) -> dict[str, str]:
-        return {T.TAG_DATASET: self.data.source, T.TAG_STAGE1: self.method, T.TAG_STAGE2: stage2, T.TAG_SITE: self.data.site}
+        return {tracking.TAG_DATASET: self.data.source, tracking.TAG_STAGE1: self.method, tracking.TAG_STAGE2: stage2, tracking.TAG_SITE: self.data.site}
 
     def run(self, trainer) -> dict[str, Any]:
         """Train, evaluate on test, fit TS on validation, log the calibrated test run; print a summary."""
         from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
         from lungcal.engine.stage1 import AtomicCheckpoint, EpochMetricsLogger, predict
-        from lungcal.engine.stage2 import fit_temperature
+        from lungcal.calibration.scaling import TemperatureScaler
 
         self._ensure_data()
         _seed_everything(self.seed)
         evaluator = self._evaluator
-        with T.RunTracker(EXPERIMENT, self.run_name, tracking_uri=self.tracking_uri, tags=self._tags("none")) as tr:
+        with tracking.RunTracker(EXPERIMENT, self.run_name, tracking_uri=self.tracking_uri, tags=self._tags("none")) as tr:
             ckdir = self.output_dir / "checkpoints" / tr.run_id
             ckpt = AtomicCheckpoint(ckdir, self.network, "val_auc",
                                     extra={"model_config": self.model_config, "bag_params": json.dumps(self.bag_params),
@@ -380,9 +381,9 @@ class CTExperiment:
             stage1_id = tr.run_id
 
         # stage 2: temperature scaling fitted on validation logits, its own linked run
-        with T.RunTracker(EXPERIMENT, f"{self.run_name}+ts", tracking_uri=self.tracking_uri, tags=self._tags("ts"),
+        with tracking.RunTracker(EXPERIMENT, f"{self.run_name}+ts", tracking_uri=self.tracking_uri, tags=self._tags("ts"),
                           parent_run_id=stage1_id) as tr2:
-            scaler = fit_temperature(out["val"]["logits"], val["labels"])
+            scaler = TemperatureScaler().fit(out["val"]["logits"], val["labels"])
             temp = float(scaler.temperature)
             p_cal = probabilities(out["test"]["logits"], temp)
             rep_cal = evaluate_probs(p_cal, test["labels"], n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed)
@@ -424,7 +425,7 @@ class _FromStage1:
     def _init_source(self, stage1_run_id, checkpoint, output_dir, tracking_uri, datalist, num_workers, device,
                      demo_subjects=None):
         self.output_dir = _resolve_output_dir(output_dir)
-        self.tracking_uri = tracking_uri or T.default_tracking_uri(self.output_dir)
+        self.tracking_uri = tracking_uri or tracking.default_tracking_uri(self.output_dir)
         self.stage1_run_id = stage1_run_id
         self.checkpoint = checkpoint
         self.datalist = datalist
@@ -479,7 +480,8 @@ class LASExperiment(_FromStage1):
         """Load stage 1, retrain the head with LAS on train features, evaluate on test, log a linked run."""
         from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
         from lungcal.engine.stage1 import predict
-        from lungcal.engine.stage2 import apply_head, class_counts_from_labels, retrain_head_las
+        from lungcal.calibration.las import class_counts_from_labels, retrain_head_las
+        from lungcal.engine.stage2 import apply_head
 
         run, ck, net, bag_params = self._load_stage1()
         data = _CTData(self.datalist, self.output_dir, bag_params, self.num_workers, self.demo_subjects).load()
@@ -494,10 +496,10 @@ class LASExperiment(_FromStage1):
         p = probabilities(logits)
         rep = evaluate_probs(p, test["labels"], n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed)
         parent = run.info.run_id if run is not None else None
-        stage1 = run.data.tags.get(T.TAG_STAGE1, "unknown") if run is not None else str(ck.get("method", "checkpoint"))
+        stage1 = run.data.tags.get(tracking.TAG_STAGE1, "unknown") if run is not None else str(ck.get("method", "checkpoint"))
         name = self.run_name or f"{stage1}+las-{time.strftime('%Y%m%d-%H%M%S')}"
-        tags = {T.TAG_DATASET: data.source, T.TAG_STAGE1: stage1, T.TAG_STAGE2: "las", T.TAG_SITE: data.site}
-        with T.RunTracker(EXPERIMENT, name, tracking_uri=self.tracking_uri, tags=tags, parent_run_id=parent) as tr:
+        tags = {tracking.TAG_DATASET: data.source, tracking.TAG_STAGE1: stage1, tracking.TAG_STAGE2: "las", tracking.TAG_SITE: data.site}
+        with tracking.RunTracker(EXPERIMENT, name, tracking_uri=self.tracking_uri, tags=tags, parent_run_id=parent) as tr:
             params = {k: v for k, v in self.choices.items() if k not in ("datalist", "output_dir", "tracking_uri",
                                                                            "checkpoint", "bundle")}
             params.update({"datalist": {"source": data.source, "sha256": data.digest}, "class_counts": counts,
@@ -571,7 +573,7 @@ class InferenceWorkflow(_FromStage1):
                 raise ConfigError("--site needs the model as an MLflow run", field="site",
                                   fix="pass --stage1_run_id, or --temperature <T> with a checkpoint")
             return 1.0
-        temp = T.linked_temperature(self.tracking_uri, run, site=self.site)
+        temp = tracking.linked_temperature(self.tracking_uri, run, site=self.site)
         if temp is not None:
             return temp
         if self.site:

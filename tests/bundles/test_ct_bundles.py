@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from lungcal.engine import tracking as T
+from lungcal import tracking
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLES = ROOT / "bundles"
@@ -49,7 +49,7 @@ def tiny(cohort: Path, store: Path, **kw):
 
 
 def _runs(store: Path, **tags):
-    client = MlflowClient(T.default_tracking_uri(store))
+    client = MlflowClient(tracking.default_tracking_uri(store))
     exp = client.get_experiment_by_name("nlst")
     flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     return client, client.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"])
@@ -91,13 +91,13 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     out = capsys.readouterr().out
     assert "mlflow ui --backend-store-uri sqlite:///" in out and "ECE" in out
     method = name[len("nlst_"):]
-    client, runs = _runs(store, **{T.TAG_STAGE1: method})
-    s1 = [r for r in runs if r.data.tags[T.TAG_STAGE2] == "none"][0]
-    ts = [r for r in runs if r.data.tags[T.TAG_STAGE2] == "ts"][0]
+    client, runs = _runs(store, **{tracking.TAG_STAGE1: method})
+    s1 = [r for r in runs if r.data.tags[tracking.TAG_STAGE2] == "none"][0]
+    ts = [r for r in runs if r.data.tags[tracking.TAG_STAGE2] == "ts"][0]
     assert s1.info.status == ts.info.status == "FINISHED"
     assert s1.info.run_name == f"t-{name}"
-    assert ts.data.tags[T.TAG_PARENT] == s1.info.run_id
-    assert s1.data.tags[T.TAG_DATASET] == "synthetic"
+    assert ts.data.tags[tracking.TAG_PARENT] == s1.info.run_id
+    assert s1.data.tags[tracking.TAG_DATASET] == "synthetic"
     for r in (s1, ts):
         for k in ("test/ece", "test/ece_ci_low", "test/ece_ci_high", "test/auc", "test/acc"):
             assert k in r.data.metrics, k
@@ -118,12 +118,12 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
 def test_las_bundle_from_latest_stage1_run(tiny_cohort, store, monkeypatch):
     if not (store / "mlflow.db").exists():
         run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store))
-    client, s1 = _runs(store, **{T.TAG_STAGE2: "none"})
+    client, s1 = _runs(store, **{tracking.TAG_STAGE2: "none"})
     run_bundle("nlst_las", monkeypatch, datalist=str(tiny_cohort), output_dir=str(store), epochs=2, n_bootstrap=20,
                num_workers=0)
-    _, las = _runs(store, **{T.TAG_STAGE2: "las"})
+    _, las = _runs(store, **{tracking.TAG_STAGE2: "las"})
     assert las and las[0].info.status == "FINISHED"
-    assert las[0].data.tags[T.TAG_PARENT] == s1[0].info.run_id
+    assert las[0].data.tags[tracking.TAG_PARENT] == s1[0].info.run_id
     assert "test/ece" in las[0].data.metrics
     assert las[0].data.params["class_counts"].startswith("[")
 
@@ -145,9 +145,9 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
     assert att == pytest.approx(1.0, abs=1e-4)
     # the temperature is the reference one unless a site's own recalibration is asked for
     temps = {float(r["temperature"]) for r in rows}
-    latest = _runs(store, **{T.TAG_STAGE2: "none"})[1][0]
+    latest = _runs(store, **{tracking.TAG_STAGE2: "none"})[1][0]
     assert len(temps) == 1
-    assert temps.pop() == pytest.approx(T.linked_temperature(T.default_tracking_uri(store), latest), abs=6e-5)  # the CSV holds 4 decimals
+    assert temps.pop() == pytest.approx(tracking.linked_temperature(tracking.default_tracking_uri(store), latest), abs=6e-5)  # the CSV holds 4 decimals
     with pytest.raises(Exception) as info:
         run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(tmp_path / "p2"),
                    output_dir=str(store), num_workers=0, site="nowhere")

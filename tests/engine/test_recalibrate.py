@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from lungcal.engine import recalibrate as R
-from lungcal.engine.stage2 import fit_temperature
-from lungcal.engine.tracking import RunTracker
+from lungcal.calibration.scaling import TemperatureScaler
+from lungcal.tracking import RunTracker
 from lungcal.errors import ConfigError, DataError
 
 
@@ -77,8 +77,8 @@ def test_recalibrate_fits_on_val_only_and_logs_linked_run(site, capsys):
     runs = client.search_runs([client.get_experiment_by_name("nlst").experiment_id], "tags.`lungcal.stage2` = 'ts'")
     assert len(runs) == 1
     run = runs[0]
-    t_val = float(fit_temperature(*site["fake"]["val"]).temperature)
-    t_test = float(fit_temperature(*site["fake"]["test"]).temperature)
+    t_val = float(TemperatureScaler().fit(*site["fake"]["val"]).temperature)
+    t_test = float(TemperatureScaler().fit(*site["fake"]["test"]).temperature)
     m = run.data.metrics
     assert m["temperature"] == pytest.approx(t_val, rel=1e-5) and abs(t_val - t_test) > 1e-3
     assert m["temperature"] > 1.5  # overconfident logits are softened
@@ -128,7 +128,7 @@ def test_recalibrate_scores_the_reference_temperature_and_inference_picks_by_sit
 
     from lungcal.cli import main
     from lungcal.engine.evaluate import probabilities
-    from lungcal.engine.tracking import linked_temperature
+    from lungcal.tracking import linked_temperature
     from lungcal.calibration.metrics import ece
 
     client = MlflowClient(site["uri"])

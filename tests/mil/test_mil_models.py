@@ -194,7 +194,8 @@ def test_log_sum_exp_head_is_a_sum_of_odds_that_counts():
 
 
 def test_las_retrains_a_per_instance_head_on_3d_features():
-    from lungcal.engine.stage2 import apply_head, retrain_head_las
+    from lungcal.calibration.las import retrain_head_las
+    from lungcal.engine.stage2 import apply_head
 
     torch.manual_seed(0)
     model = build_mil_model(head="lse", embed_dim=8, patch_size=P).eval()

@@ -25,13 +25,18 @@ import html
 import io
 import math
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Mapping
+
+from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError, TrackingError
+from lungcal.paths import default_output_dir
+from lungcal.tracking.names import TAG_DATASET, TAG_REPORT, TAG_STAGE1, TAG_STAGE2
+from lungcal.tracking.tracker import default_tracking_uri
 
 __all__ = [
     "STAGE1_ORDER",
@@ -48,9 +53,7 @@ __all__ = [
     "build_report",
 ]
 
-TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_SITE, TAG_PARENT = (
-    "lungcal.dataset", "lungcal.stage1", "lungcal.stage2", "lungcal.site", "lungcal.parent_run")
-REPORT_TAG = "lungcal.report"
+REPORT_TAG = TAG_REPORT
 
 #: display order of the stage-1 methods (unknown methods follow, sorted)
 STAGE1_ORDER = ("ce", "focal", "focal_adaptive", "mixup", "focal_mixup")
@@ -62,20 +65,6 @@ STAGE2_LABEL = {"none": "none", "ts": "TS", "las": "LAS"}
 METRICS = ("acc", "auc", "ece")
 PERCENT_METRICS = ("acc", "ece")  # shown ×100
 PUBLISHED_DATASETS = ("cifar10", "cifar10lt")
-
-
-def default_tracking_uri() -> str:
-    """The project's tracking URI (``lungcal.engine.tracking.default_tracking_uri``)."""
-    from lungcal.engine.tracking import default_tracking_uri as _uri
-
-    return _uri()
-
-
-def default_output_dir() -> Path:
-    """The project's output folder (``lungcal.engine.tracking.default_output_dir``)."""
-    from lungcal.engine.tracking import default_output_dir as _out
-
-    return Path(_out())
 
 
 def normalise_stage2(value: str | None) -> str:
@@ -136,8 +125,8 @@ def load_published(path: str | Path | None = None) -> dict[str, dict[tuple[str, 
         ``{dataset: {(stage1, stage2, metric): value}}``.
     """
     if path is None:
-        text = resources.files("lungcal.engine").joinpath("published_results.csv").read_text()
-        source = "lungcal/engine/published_results.csv"
+        text = resources.files("lungcal.study").joinpath("published_results.csv").read_text()
+        source = "lungcal/study/published_results.csv"
     else:
         source = str(path)
         try:
@@ -163,8 +152,6 @@ def load_published(path: str | Path | None = None) -> dict[str, dict[tuple[str, 
 
 
 def _client(tracking_uri: str | None):
-    from mlflow.tracking import MlflowClient
-
     return MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
 
 
@@ -176,8 +163,8 @@ def _experiment_id(client, experiment: str) -> str:
                             fix="check --tracking-uri, or start the team server") from exc
     if exp is None:
         names = sorted(e.name for e in client.search_experiments())
-        raise TrackingError(f"no MLflow experiment named '{experiment}' in {client.tracking_uri}",
-                            field="experiment", fix="choose one of: " + (", ".join(names) or "(none yet: run a bundle first)"))
+        raise TrackingError(f"no MLflow experiment named '{experiment}' in {client.tracking_uri}", field="experiment",
+                            fix="choose one of: " + (", ".join(names) or "(none yet: run a bundle first)"))
     return exp.experiment_id
 
 

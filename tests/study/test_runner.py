@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lungcal.engine.study import (
+from lungcal.study.runner import (
     TAG_STUDY_KEY,
     bundle_command,
     inprocess_runner,
@@ -17,7 +17,7 @@ from lungcal.errors import ConfigError
 
 
 def _tracker(stage2: str, parent: str | None = None) -> dict:
-    t = {"_target_": "lungcal.engine.tracking.RunTracker", "experiment": "nlst",
+    t = {"_target_": "lungcal.tracking.RunTracker", "experiment": "nlst",
          "run_name": f"$'fake_' + @stage1 + '_{stage2}'", "tracking_uri": "@tracking_uri",
          "tags": {"lungcal.dataset": "synthetic", "lungcal.stage1": "@stage1", "lungcal.stage2": stage2}}
     if parent:

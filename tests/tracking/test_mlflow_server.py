@@ -2,7 +2,7 @@
 
 The server gets a SQLite backend and serves artifacts itself (``--artifacts-destination``), as in
 ``docs/hospital.md``. A tiny MONAI bundle (config JSON run by ``monai.bundle``) logs through
-:class:`lungcal.engine.tracking.RunTracker` with ``tracking_uri=http://127.0.0.1:PORT``; the run
+:class:`lungcal.tracking.RunTracker` with ``tracking_uri=http://127.0.0.1:PORT``; the run
 is read back with ``MlflowClient``, and the server is stopped in ``finally``.
 """
 from __future__ import annotations
@@ -53,11 +53,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 TINY_BUNDLE = {
-    "imports": ["$import lungcal.engine.tracking"],
+    "imports": ["$import lungcal.tracking"],
     "tracking_uri": "sqlite:///unused.db",
     "experiment": "team",
     "tracker": {
-        "_target_": "lungcal.engine.tracking.RunTracker",
+        "_target_": "lungcal.tracking.RunTracker",
         "experiment": "@experiment",
         "run_name": "tiny-bundle",
         "tracking_uri": "@tracking_uri",

@@ -1,4 +1,4 @@
-"""MLflow tracking shared by the CT bundles and ``cifar_baselines``.
+"""The run tracker: one MLflow run, shared by the CT bundles and ``cifar_baselines``.
 
 One :class:`RunTracker` is one MLflow run, opened through :class:`mlflow.tracking.MlflowClient`
 (no global fluent state, so two trackers can be open at once: a stage-1 run and its linked
@@ -26,42 +26,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import torch
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
 
 from lungcal.errors import TrackingError
-from lungcal.paths import lungcal_home
+from lungcal.paths import default_output_dir
+from lungcal.tracking.names import EXPERIMENT_KIND_TRAINING, MLFLOW_EXPERIMENT_KIND, MLFLOW_PARENT, TAG_PARENT
 
 __all__ = [
-    "TAG_DATASET",
-    "TAG_STAGE1",
-    "TAG_STAGE2",
-    "TAG_SITE",
-    "TAG_PARENT",
-    "TAG_RECALIBRATION",
-    "default_output_dir",
     "default_tracking_uri",
     "artifact_root_for",
     "flatten_config",
     "privacy_filter",
     "file_digest",
     "RunTracker",
-    "linked_temperature",
 ]
 
 logger = logging.getLogger(__name__)
 
-TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_SITE, TAG_PARENT = (
-    "lungcal.dataset",
-    "lungcal.stage1",
-    "lungcal.stage2",
-    "lungcal.site",
-    "lungcal.parent_run",
-)
-#: on TS runs fitted by ``lungcal recalibrate`` at a site (value ``local``), as opposed to the
-#: reference TS run of a stage-1 bundle.
-TAG_RECALIBRATION = "lungcal.recalibration"
-#: MLflow's own tag that nests a child run under its parent in the UI.
-_MLFLOW_PARENT = "mlflow.parentRunId"
 _MAX_PARAM_LEN = 6000
 _PARAM_BATCH = 100
 _METRIC_BATCH = 1000
@@ -69,11 +53,6 @@ _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
 _PATH_SUFFIX = re.compile(
     r"\.(json|csv|tsv|nii|nii\.gz|mha|mhd|nrrd|dcm|pt|pth|npz|npy|db|zip|txt|yaml|yml)$", re.I
 )
-
-
-def default_output_dir() -> Path:
-    """Where a run writes everything by default: ``$LUNGCAL_HOME``, else ``./runs`` (absolute)."""
-    return lungcal_home()
 
 
 def default_tracking_uri(output_dir: str | Path | None = None) -> str:
@@ -192,9 +171,6 @@ class RunTracker:
         tags: Mapping[str, str] | None = None,
         parent_run_id: str | None = None,
     ) -> None:
-        from mlflow.entities import RunStatus  # noqa: F401  (import check before anything else)
-        from mlflow.tracking import MlflowClient
-
         self.tracking_uri = tracking_uri or default_tracking_uri()
         if self.tracking_uri.startswith("sqlite:///"):
             Path(self.tracking_uri[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +188,7 @@ class RunTracker:
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
             if parent_run_id:
                 all_tags[TAG_PARENT] = parent_run_id
-                all_tags[_MLFLOW_PARENT] = parent_run_id
+                all_tags[MLFLOW_PARENT] = parent_run_id
             run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         except TrackingError:
             raise
@@ -230,9 +206,12 @@ class RunTracker:
     def _get_or_create_experiment(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            if exp.tags.get(MLFLOW_EXPERIMENT_KIND) is None:
+                self.client.set_experiment_tag(exp.experiment_id, MLFLOW_EXPERIMENT_KIND, EXPERIMENT_KIND_TRAINING)
             return exp.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=artifact_root_for(self.tracking_uri))
+            return self.client.create_experiment(name, artifact_location=artifact_root_for(self.tracking_uri),
+                                                 tags={MLFLOW_EXPERIMENT_KIND: EXPERIMENT_KIND_TRAINING})
         except Exception:  # another process created it meanwhile
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
@@ -242,8 +221,6 @@ class RunTracker:
     # ------------------------------------------------------------------ logging
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Set (or overwrite) string tags on the run."""
-        from mlflow.entities import RunTag
-
         items = [RunTag(_clean_key(k), str(v)) for k, v in tags.items()]
         if items:
             self.client.log_batch(self.run_id, tags=items)
@@ -255,8 +232,6 @@ class RunTracker:
         Params are immutable in MLflow: logging the same key twice with a new value fails, so each
         key should be logged once per run.
         """
-        from mlflow.entities import Param
-
         flat = privacy_filter(flatten_config(config))
         items = [Param(_clean_key(k), v[:_MAX_PARAM_LEN]) for k, v in flat.items()]
         for i in range(0, len(items), _PARAM_BATCH):
@@ -264,8 +239,6 @@ class RunTracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Log numeric metrics (non-numeric values are skipped; NaN is logged as NaN)."""
-        from mlflow.entities import Metric
-
         ts = int(time.time() * 1000)
         items = []
         for k, v in metrics.items():
@@ -299,8 +272,6 @@ class RunTracker:
 
     def log_figure(self, fig, name: str) -> None:
         """Save a matplotlib figure as artifact ``name`` (e.g. ``plots/test_reliability.png``) and close it."""
-        import matplotlib.pyplot as plt
-
         try:
             self.client.log_figure(self.run_id, fig, name)
         finally:
@@ -343,7 +314,7 @@ class RunTracker:
         self.client.set_terminated(self.run_id, status)
         self._closed = True
 
-    def __enter__(self) -> "RunTracker":
+    def __enter__(self) -> RunTracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -361,28 +332,3 @@ class RunTracker:
             logger.exception("could not mark MLflow run %s as %s", self.run_id, status)
         return False
 
-
-def linked_temperature(tracking_uri: str, run, site: str | None = None) -> float | None:
-    """The temperature of a stage-1 run's latest finished, linked TS run, or ``None``.
-
-    Args:
-        tracking_uri: the MLflow store that holds ``run``.
-        run: the stage-1 :class:`mlflow.entities.Run`.
-        site: ``None`` for the *reference* temperature, the one the stage-1 bundle fitted on its
-            own validation split; a site name for the one ``lungcal recalibrate`` fitted on that
-            site's validation split (its run carries ``lungcal.site = site`` and
-            ``lungcal.recalibration = local``).
-    """
-    from mlflow.tracking import MlflowClient
-
-    runs = MlflowClient(tracking_uri).search_runs(
-        [run.info.experiment_id],
-        filter_string=f"tags.`{TAG_PARENT}` = '{run.info.run_id}' and tags.`{TAG_STAGE2}` = 'ts' "
-                      "and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"])
-    for r in runs:
-        local = r.data.tags.get(TAG_RECALIBRATION) == "local"
-        match = (not local) if site is None else (local and r.data.tags.get(TAG_SITE) == site)
-        if match and "temperature" in r.data.metrics:
-            return float(r.data.metrics["temperature"])
-    return None

@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from lungcal.engine.report import (
+from lungcal.study.report import (
     Cell,
     best_calibrated,
     build_report,
     collect_tables,
     load_published,
 )
-from lungcal.engine.tracking import TAG_DATASET, TAG_STAGE1, TAG_STAGE2, RunTracker
+from lungcal.tracking import TAG_DATASET, TAG_STAGE1, TAG_STAGE2, RunTracker
 from lungcal.errors import TrackingError
 
 
@@ -147,7 +147,7 @@ def test_cli_report(store, tmp_path, capsys):
 
 def test_ui_command_opens_the_store_on_loopback(store, tmp_path, capsys):
     from lungcal.cli import main
-    from lungcal.engine.commands import ui_command
+    from lungcal.tracking.commands import ui_command
 
     cmd = ui_command(store, port=5123)
     assert cmd[1:] == ["ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", "5123"]

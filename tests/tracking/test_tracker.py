@@ -9,23 +9,23 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from lungcal.engine import tracking as T
+from lungcal import paths, tracking
 
 
 def test_default_uri_and_output_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("LUNGCAL_HOME", str(tmp_path / "home"))
-    assert T.default_output_dir() == (tmp_path / "home").resolve()
-    assert T.default_tracking_uri() == f"sqlite:///{(tmp_path / 'home' / 'mlflow.db').resolve().as_posix()}"
-    assert T.default_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve().as_posix()}/mlflow.db"
+    assert paths.default_output_dir() == (tmp_path / "home").resolve()
+    assert tracking.default_tracking_uri() == f"sqlite:///{(tmp_path / 'home' / 'mlflow.db').resolve().as_posix()}"
+    assert tracking.default_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve().as_posix()}/mlflow.db"
     monkeypatch.delenv("LUNGCAL_HOME")
     monkeypatch.chdir(tmp_path)
-    assert T.default_output_dir() == (tmp_path / "runs").resolve()
+    assert paths.default_output_dir() == (tmp_path / "runs").resolve()
 
 
 def test_flatten_and_privacy_filter():
-    flat = T.flatten_config({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": "x"}], "f": None, "g": {}})
+    flat = tracking.flatten_config({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": "x"}], "f": None, "g": {}})
     assert flat == {"a.b": "1", "a.c": "[1, 2]", "d.0.e": "x", "f": "None", "g": "{}"}
-    filt = T.privacy_filter({"datalist": "/data/DOE^JOHN/list.json", "loss": "focal", "lr": "0.01",
+    filt = tracking.privacy_filter({"datalist": "/data/DOE^JOHN/list.json", "loss": "focal", "lr": "0.01",
                              "img": "scan_12345.nii.gz", "uri": "http://server:5000"})
     assert filt["datalist"].startswith("path:") and "DOE" not in filt["datalist"]
     assert filt["img"].startswith("path:")
@@ -33,8 +33,8 @@ def test_flatten_and_privacy_filter():
 
 
 def test_run_finished_with_everything(tmp_path):
-    uri = T.default_tracking_uri(tmp_path)
-    with T.RunTracker("unit", "stage1-ce", tracking_uri=uri, tags={T.TAG_STAGE1: "ce"}) as tr:
+    uri = tracking.default_tracking_uri(tmp_path)
+    with tracking.RunTracker("unit", "stage1-ce", tracking_uri=uri, tags={tracking.TAG_STAGE1: "ce"}) as tr:
         tr.log_params({"loss": {"name": "focal", "gamma": 2.0}, "datalist": "/secret/PATIENT_X/d.json"})
         tr.log_metrics({"train/loss": 0.5}, step=1)
         tr.log_report("test", {"ece": 0.1, "auc": 0.8, "ece_ci_low": 0.05, "ece_mode": "top_label"})
@@ -43,7 +43,7 @@ def test_run_finished_with_everything(tmp_path):
         tr.log_dict({"a": 1}, "config/resolved.json")
         tr.log_model(torch.nn.Linear(3, 2), extra={"in": 3})
         parent = tr.run_id
-    with T.RunTracker("unit", "stage2-ts", tracking_uri=uri, parent_run_id=parent, tags={T.TAG_STAGE2: "ts"}) as child:
+    with tracking.RunTracker("unit", "stage2-ts", tracking_uri=uri, parent_run_id=parent, tags={tracking.TAG_STAGE2: "ts"}) as child:
         child_id = child.run_id
     c = MlflowClient(uri)
     run = c.get_run(parent)
@@ -58,13 +58,13 @@ def test_run_finished_with_everything(tmp_path):
     assert {a.path for a in c.list_artifacts(parent, "model")} == {"model/state_dict.pt", "model/architecture.json"}
     assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").resolve().as_uri())
     ch = c.get_run(child_id)
-    assert ch.data.tags[T.TAG_PARENT] == parent and ch.data.tags["mlflow.parentRunId"] == parent
+    assert ch.data.tags[tracking.TAG_PARENT] == parent and ch.data.tags["mlflow.parentRunId"] == parent
 
 
 def test_failed_run_is_marked_failed(tmp_path):
-    uri = T.default_tracking_uri(tmp_path)
+    uri = tracking.default_tracking_uri(tmp_path)
     with pytest.raises(RuntimeError):
-        with T.RunTracker("unit", "boom", tracking_uri=uri) as tr:
+        with tracking.RunTracker("unit", "boom", tracking_uri=uri) as tr:
             rid = tr.run_id
             raise RuntimeError("boom")
     assert MlflowClient(uri).get_run(rid).info.status == "FAILED"
@@ -74,4 +74,4 @@ def test_bad_uri_is_tracking_error(tmp_path):
     from lungcal.errors import TrackingError
 
     with pytest.raises(TrackingError):
-        T.RunTracker("unit", "x", tracking_uri=str(tmp_path / "mlruns"))
+        tracking.RunTracker("unit", "x", tracking_uri=str(tmp_path / "mlruns"))

@@ -24,11 +24,20 @@ import os
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+
+from mlflow.tracking import MlflowClient
+from monai.bundle import run as monai_bundle_run
+from tqdm.auto import tqdm
 
 from lungcal.errors import ConfigError
+from lungcal.paths import default_output_dir
+from lungcal.study.report import normalise_stage2
+from lungcal.tracking.names import TAG_STAGE1, TAG_STAGE2, TAG_STUDY_KEY, TAG_STUDY_PRESET
+from lungcal.tracking.tracker import default_tracking_uri
 
 __all__ = [
     "DATASETS",
@@ -47,10 +56,6 @@ __all__ = [
     "inprocess_runner",
 ]
 
-TAG_DATASET, TAG_STAGE1, TAG_STAGE2, TAG_PARENT = (
-    "lungcal.dataset", "lungcal.stage1", "lungcal.stage2", "lungcal.parent_run")
-TAG_STUDY_KEY = "lungcal.study_key"
-TAG_STUDY_PRESET = "lungcal.study_preset"
 
 STAGE1_METHODS = ("ce", "focal", "mixup", "focal_mixup")
 STAGE2_METHODS = ("none", "ts", "las")
@@ -163,8 +168,6 @@ def _finished_runs(client, experiment: str, key: str) -> list:
 
 
 def _stage2_of(run) -> str:
-    from lungcal.engine.report import normalise_stage2
-
     return normalise_stage2(run.data.tags.get(TAG_STAGE2))
 
 
@@ -189,10 +192,6 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
     Raises:
         ConfigError: unknown dataset/method/preset, or a bundle file missing.
     """
-    from mlflow.tracking import MlflowClient
-
-    from lungcal.engine.tracking import default_output_dir, default_tracking_uri
-
     stage1 = list(stage1 or STAGE1_METHODS)
     stage2 = list(stage2 or STAGE2_METHODS)
     unknown = [d for d in datasets if d not in DATASETS]
@@ -200,7 +199,8 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
         raise ConfigError(f"unknown dataset(s) {unknown}", field="--datasets", fix=f"choose from {sorted(DATASETS)}")
     bad2 = [m for m in stage2 if m not in STAGE2_METHODS]
     if bad2:
-        raise ConfigError(f"unknown stage-2 method(s) {bad2}", field="--stage2", fix=f"choose from {list(STAGE2_METHODS)}")
+        raise ConfigError(f"unknown stage-2 method(s) {bad2}", field="--stage2",
+                          fix=f"choose from {list(STAGE2_METHODS)}")
     if preset not in ("reduced", "full"):
         raise ConfigError(f"unknown preset {preset!r}", field="--preset", fix="use reduced or full")
     project_dir = Path.cwd()
@@ -269,14 +269,10 @@ def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, l
 
     The traceback of a failure goes to ``log``; returns 0 or 1.
     """
-    import traceback
-
-    from monai.bundle import run
-
     old = Path.cwd()
     try:
         os.chdir(cwd)
-        run(config_file=str(bundle), **dict(overrides))
+        monai_bundle_run(config_file=str(bundle), **dict(overrides))
         log.write_text(f"{bundle}: finished\n")
         return 0
     except Exception:  # noqa: BLE001 - a failing job is recorded, the study goes on
@@ -318,9 +314,6 @@ def run_study(plan: StudyPlan, progress: bool = True) -> list[JobResult]:
     A failing job is recorded and the study goes on (its LAS job is then skipped); the log path is
     printed. Returns one :class:`JobResult` per job.
     """
-    from mlflow.tracking import MlflowClient
-    from tqdm.auto import tqdm
-
     client = MlflowClient(tracking_uri=plan.tracking_uri)
     logs = plan.output_dir / "study_logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -364,9 +357,3 @@ def run_study(plan: StudyPlan, progress: bool = True) -> list[JobResult]:
           + (f" --tracking-uri {plan.tracking_uri}" if plan.tracking_uri else ""))
     return results
 
-
-def main(argv: Iterable[str] | None = None) -> int:
-    """``scripts/run_study.py``: the same as ``lungcal study``."""
-    from lungcal.cli import main as cli_main
-
-    return cli_main(["study", *(argv if argv is not None else sys.argv[1:])])

@@ -1,0 +1,79 @@
+"""Linked-run look-ups: find a stage-1 run, its checkpoint artifact, and the post-hoc runs linked to it.
+
+Stage-2 runs carry ``lungcal.parent_run`` = the stage-1 run id (:mod:`lungcal.tracking.names`);
+these helpers follow that link through :class:`mlflow.tracking.MlflowClient`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from lungcal.errors import ConfigError
+from lungcal.tracking.names import CT_EXPERIMENT, TAG_PARENT, TAG_RECALIBRATION, TAG_SITE, TAG_STAGE2
+
+__all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature"]
+
+
+def find_stage1_run(tracking_uri: str, run_id: str | None = None, experiment: str = CT_EXPERIMENT):
+    """The stage-1 run ``run_id``, or the latest FINISHED stage-1 run of ``experiment``.
+
+    Raises:
+        ConfigError: when there is no such run.
+    """
+    client = MlflowClient(tracking_uri)
+    if run_id:
+        try:
+            return client.get_run(run_id)
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"no MLflow run {run_id!r} in {tracking_uri}", field="stage1_run_id",
+                              fix="copy a stage-1 run id from `mlflow ui` or leave it null for the latest") from exc
+    exp = client.get_experiment_by_name(experiment)
+    runs = [] if exp is None else client.search_runs(
+        [exp.experiment_id], filter_string=f"attributes.status = 'FINISHED' and tags.`{TAG_STAGE2}` = 'none'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise ConfigError(f"no finished stage-1 run in experiment {experiment!r} of {tracking_uri}",
+                          field="stage1_run_id",
+                          fix="run a stage-1 bundle first (python -m monai.bundle run --config_file "
+                              "bundles/nlst_focal.json), or pass --stage1_run_id / --checkpoint")
+    return runs[0]
+
+
+def artifact_checkpoint(tracking_uri: str, run, artifact: str = "checkpoint/best.pt") -> Path:
+    """Download (or locate, for a local store) a run's checkpoint artifact."""
+    try:
+        return Path(MlflowClient(tracking_uri).download_artifacts(run.info.run_id, artifact))
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"run {run.info.run_id} has no {artifact} artifact", field="stage1_run_id",
+                          fix="pick a FINISHED run of a stage-1 bundle (bundles/nlst_*.json)") from exc
+
+
+def linked_runs(tracking_uri: str, run, stage2: str | None = None, finished: bool = True) -> list:
+    """Runs linked to ``run`` by ``lungcal.parent_run`` (newest first), optionally of one stage 2."""
+    clauses = [f"tags.`{TAG_PARENT}` = '{run.info.run_id}'"]
+    if stage2:
+        clauses.append(f"tags.`{TAG_STAGE2}` = '{stage2}'")
+    if finished:
+        clauses.append("attributes.status = 'FINISHED'")
+    return MlflowClient(tracking_uri).search_runs([run.info.experiment_id], filter_string=" and ".join(clauses),
+                                                  order_by=["attributes.start_time DESC"])
+
+
+def linked_temperature(tracking_uri: str, run, site: str | None = None) -> float | None:
+    """The temperature of a stage-1 run's latest finished, linked TS run, or ``None``.
+
+    Args:
+        tracking_uri: the MLflow store that holds ``run``.
+        run: the stage-1 :class:`mlflow.entities.Run`.
+        site: ``None`` for the *reference* temperature, the one the stage-1 bundle fitted on its
+            own validation split; a site name for the one ``lungcal recalibrate`` fitted on that
+            site's validation split (its run carries ``lungcal.site = site`` and
+            ``lungcal.recalibration = local``).
+    """
+    for r in linked_runs(tracking_uri, run, stage2="ts"):
+        local = r.data.tags.get(TAG_RECALIBRATION) == "local"
+        match = (not local) if site is None else (local and r.data.tags.get(TAG_SITE) == site)
+        if match and "temperature" in r.data.metrics:
+            return float(r.data.metrics["temperature"])
+    return None

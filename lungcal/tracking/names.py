@@ -1,0 +1,56 @@
+"""Every MLflow name lungcal writes or reads, defined once (see ``../shared/DESIGN.md``).
+
+Tags on every run: :data:`TAG_DATASET`, :data:`TAG_STAGE1`, :data:`TAG_STAGE2`, :data:`TAG_SITE`;
+:data:`TAG_PARENT` on stage-2 runs. Final metrics are ``{split}/{metric}`` (:func:`metric_name`),
+for example ``test/ece`` and ``test/ece_ci_low``.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "TAG_DATASET",
+    "TAG_STAGE1",
+    "TAG_STAGE2",
+    "TAG_SITE",
+    "TAG_PARENT",
+    "TAG_RECALIBRATION",
+    "TAG_CALIBRATOR",
+    "TAG_REPORT",
+    "TAG_STUDY_KEY",
+    "TAG_STUDY_PRESET",
+    "MLFLOW_PARENT",
+    "MLFLOW_EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TRAINING",
+    "CT_EXPERIMENT",
+    "metric_name",
+]
+
+TAG_DATASET = "lungcal.dataset"
+TAG_STAGE1 = "lungcal.stage1"
+TAG_STAGE2 = "lungcal.stage2"
+TAG_SITE = "lungcal.site"
+TAG_PARENT = "lungcal.parent_run"
+#: on TS runs fitted by ``lungcal recalibrate`` at a site (value ``local``), as opposed to the
+#: reference TS run of a stage-1 bundle.
+TAG_RECALIBRATION = "lungcal.recalibration"
+#: the name of the calibrator a post-hoc run fitted (``ts``, ``platt``, ...).
+TAG_CALIBRATOR = "lungcal.calibrator"
+#: on the run that holds a study report's files.
+TAG_REPORT = "lungcal.report"
+#: a study job's identity and preset (see :mod:`lungcal.study.runner`).
+TAG_STUDY_KEY = "lungcal.study_key"
+TAG_STUDY_PRESET = "lungcal.study_preset"
+
+#: MLflow's own tag that nests a child run under its parent in the UI.
+MLFLOW_PARENT = "mlflow.parentRunId"
+#: MLflow 3's experiment tag that picks the UI's landing page; untagged experiments open on the
+#: GenAI overview, where a new user finds no runs.
+MLFLOW_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
+
+#: the MLflow experiment of the CT runs (CIFAR runs use ``cifar10`` / ``cifar10lt``).
+CT_EXPERIMENT = "nlst"
+
+
+def metric_name(split: str, metric: str) -> str:
+    """The final-metric name ``{split}/{metric}``, e.g. ``metric_name("test", "ece") == "test/ece"``."""
+    return f"{split}/{metric}"
