@@ -13,6 +13,9 @@ import time
 
 import numpy as np
 import torch
+from netcal.metrics import ECE as NetcalECE
+from netcal.scaling import TemperatureScaling
+from torchmetrics.functional.classification import multiclass_calibration_error
 
 from lungcal.calibration.metrics import _bin_index, ece
 from lungcal.calibration.scaling import TemperatureScaler
@@ -40,9 +43,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from netcal.metrics import ECE as NetcalECE
-    from netcal.scaling import TemperatureScaling
-    from torchmetrics.functional.classification import multiclass_calibration_error
 
     rng = np.random.default_rng(0)
     z = rng.normal(size=(args.n, args.classes)).astype(np.float32) * 3

@@ -18,18 +18,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import SimpleITK as sitk
+import torch
+
+from lungcal.ct.transforms import preprocess_ct
+from lungcal.data.synthetic import (
+    Nodule,
+    ScannerProfile,
+    _write_nifti,
+    fake_identifiers,
+    make_phantom,
+    write_dicom_series,
+)
+
 SHAPE = (512, 512, 300)
 SPACING = (0.7, 0.7, 1.0)
 
 
 def _rss_mb() -> float:
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
@@ -40,13 +54,9 @@ def _current_rss_mb() -> float:
 
 
 def _child(task: str, fmt: str, path: str, repeat: int, threads: int) -> dict:
-    import numpy as np
-    import SimpleITK as sitk
-    import torch
 
     torch.set_num_threads(threads)
     sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(threads)
-    from lungcal.ct.transforms import preprocess_ct
 
     base = _current_rss_mb()
 
@@ -74,10 +84,7 @@ def _child(task: str, fmt: str, path: str, repeat: int, threads: int) -> dict:
 
 
 def _make_inputs(workdir: Path) -> dict:
-    import numpy as np
 
-    from lungcal.data.synthetic import Nodule, ScannerProfile, fake_identifiers, make_phantom, write_dicom_series
-    from lungcal.data.synthetic import _write_nifti
 
     dcm, nii = workdir / "dicom", workdir / "ct.nii.gz"
     if not (dcm.is_dir() and nii.is_file()):

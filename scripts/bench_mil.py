@@ -24,6 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lungcal.calibration.metrics import auroc
+from lungcal.candidates import BagParams, build_bags, compute_bag, load_bag
+from lungcal.candidates.evaluate import evaluate_detector, read_annotations
+from lungcal.data.manifest import load_manifest
+from lungcal.data.synthetic import make_cohort
+from lungcal.mil import build_mil_model
+
 
 def _args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -43,7 +50,6 @@ def _args():
 
 
 def _load(entries):
-    from lungcal.candidates import load_bag
 
     bags, masks, labels = [], [], []
     for e in entries:
@@ -55,8 +61,6 @@ def _load(entries):
 
 
 def _train_eval(encoder, train, held, args):
-    from lungcal.calibration.metrics import auroc
-    from lungcal.mil import build_mil_model
 
     torch.manual_seed(args.seed)
     model = build_mil_model(encoder, "attention", embed_dim=64, patch_size=args.patch_size)
@@ -89,7 +93,8 @@ def _train_eval(encoder, train, held, args):
     n_params = sum(p.numel() for p in model.encoder.parameters())
     step_s, step_p = np.asarray(step_s[1:]), np.asarray(step_p[1:])  # the first step warms up oneDNN
     # median per-step throughput: robust to load spikes on a shared machine
-    return {"patches_per_s": float(np.median(step_p / step_s)), "mean_patches_per_s": float(step_p.sum() / step_s.sum()),
+    return {"patches_per_s": float(np.median(step_p / step_s)),
+            "mean_patches_per_s": float(step_p.sum() / step_s.sum()),
             "train_s": float(step_s.sum()), "auc": float(auroc(probs.numpy(), held[2].numpy())),
             "encoder_params": n_params}
 
@@ -97,8 +102,6 @@ def _train_eval(encoder, train, held, args):
 def main() -> None:
     args = _args()
     torch.set_num_threads(args.threads)
-    from lungcal.candidates import BagParams, build_bags
-    from lungcal.data.manifest import load_manifest
 
     out = Path(args.out or Path(os.environ.get("LUNGCAL_HOME") or Path.cwd() / "runs") / "bench_mil").absolute()
     if args.datalist:
@@ -106,8 +109,6 @@ def main() -> None:
     else:
         datalist = out / f"cohort_{args.n_subjects}" / "datalist.json"
         if not datalist.is_file():
-            from lungcal.data.synthetic import make_cohort
-
             t0 = time.perf_counter()
             make_cohort(datalist.parent, n_subjects=args.n_subjects, prevalence=0.4, seed=args.seed,
                         formats=("nifti",), num_workers=args.workers)
@@ -121,9 +122,6 @@ def main() -> None:
           f"{args.workers} workers; a warm cache skips preprocessing)")
 
     if args.cpm:
-        from lungcal.candidates import compute_bag
-        from lungcal.candidates.evaluate import evaluate_detector, read_annotations
-
         ann = datalist.parent / "annotations.csv"
         if ann.is_file():
             res = evaluate_detector(rows, read_annotations(ann), params)

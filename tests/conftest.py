@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -22,12 +23,7 @@ def _isolated_lungcal_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("lungcal_home")
     old = os.environ.get("LUNGCAL_HOME")
     os.environ["LUNGCAL_HOME"] = str(home)
-    try:
-        import torch
-
-        torch.set_num_threads(min(2, os.cpu_count() or 1))
-    except ImportError:  # pragma: no cover
-        pass
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
     yield home
     if old is None:
         os.environ.pop("LUNGCAL_HOME", None)

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from lungcal.data.synthetic import make_cohort
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def cohort(tmp_path_factory) -> Path:
-    from lungcal.data.synthetic import make_cohort
 
     out = tmp_path_factory.mktemp("dicom_cohort")
     return Path(make_cohort(out, n_subjects=12, prevalence=0.5, seed=7, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),

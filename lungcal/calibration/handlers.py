@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+import ignite.distributed as idist
 import torch
 import torch.nn.functional as F
 from ignite.metrics import Metric
@@ -121,7 +122,6 @@ class CalibrationMetrics(Metric):
             raise RuntimeError("CalibrationMetrics needs at least one update before compute()")
         z = torch.cat(self._preds)
         y = torch.cat(self._labels)
-        import ignite.distributed as idist
 
         if idist.get_world_size() > 1:
             z, y = idist.all_gather(z), idist.all_gather(y)

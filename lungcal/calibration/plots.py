@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from .metrics import _as_probs_labels, _confidence_correct, reliability_bins
 
@@ -37,8 +39,6 @@ def reliability_diagram(probs, labels, n_bins: int = 15, mode: str = "top_label"
     Returns:
         the :class:`matplotlib.figure.Figure`.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     p, y = _as_probs_labels(probs, labels)
     conf, hit = _confidence_correct(p, y, mode)
@@ -79,7 +79,8 @@ def reliability_diagram(probs, labels, n_bins: int = 15, mode: str = "top_label"
     axh.bar(left, frac, width=width, align="edge", color="0.55", edgecolor="0.25", linewidth=0.6)
     a_line = float(hit.mean())
     c_line = float(conf.mean())
-    axh.axvline(a_line, color="#4C72B0", lw=1.6, label=f"{'Accuracy' if mode == 'top_label' else 'Prevalence'} {a_line:.3f}")
+    a_name = "Accuracy" if mode == "top_label" else "Prevalence"
+    axh.axvline(a_line, color="#4C72B0", lw=1.6, label=f"{a_name} {a_line:.3f}")
     axh.axvline(c_line, color="#DD5555", lw=1.6, ls="--", label=f"Mean conf. {c_line:.3f}")
     axh.set_ylabel("Share")
     axh.set_xlabel(xlab)

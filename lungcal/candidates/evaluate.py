@@ -12,10 +12,11 @@ import csv
 import os
 import time
 from collections import defaultdict
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from lungcal.candidates.cache import BagParams, _default_preprocess
 from lungcal.candidates.froc import LUNA16_FP_RATES, cpm, froc_curve
@@ -51,7 +52,6 @@ def evaluate_detector(rows: Sequence[Mapping[str, Any]], annotations: Mapping[st
     Returns ``{"cpm", "sensitivities" (at the LUNA16 FP rates), "max_sensitivity", "n_scans",
     "n_nodules", "seconds_per_ct_preprocess", "seconds_per_ct_detect"}``.
     """
-    from tqdm.auto import tqdm
 
     params = BagParams.from_any(params)
     det = params.make_detector()

@@ -23,7 +23,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lungcal.errors import DataError
+import numpy as np
+from tqdm import tqdm
+
+from lungcal.ct.io import load_ct
+from lungcal.errors import DataError, LungcalError
 
 from .splits import SPLITS
 
@@ -167,11 +171,7 @@ def check_images(rows: Sequence[dict], progress: bool = True, allow_gaps: bool =
 
     Used by ``lungcal check-data``: an unreadable image does not stop the scan, it is listed.
     """
-    import numpy as np
-    from tqdm import tqdm
 
-    from lungcal.ct.io import load_ct
-    from lungcal.errors import LungcalError
 
     shapes, spacings, errors = [], [], []
     for i, r in enumerate(tqdm(rows, desc="check-data", unit="ct", disable=not progress)):

@@ -28,8 +28,10 @@ import logging
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+
+from tqdm import tqdm
 
 from lungcal.errors import DataError
 
@@ -115,7 +117,6 @@ def import_nlst(tcia_root: str | os.PathLike, clinical_csv: str | os.PathLike, *
         DataError: missing folder/CSV/columns, a participant listed twice in the CSV, a bad number,
             or no usable screening CT at all.
     """
-    from tqdm import tqdm
 
     root = Path(tcia_root)
     if (root / "NLST").is_dir():

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from lungcal.candidates.evaluate import evaluate_detector, read_annotations
+from lungcal.data.manifest import load_manifest
+from lungcal.data.synthetic import make_cohort
 from lungcal.errors import DataError
 
 
@@ -24,8 +26,6 @@ def test_read_annotations_ras_columns_and_lps_flip(tmp_path):
 
 @pytest.mark.slow
 def test_detector_cpm_on_a_synthetic_cohort(tmp_path):
-    from lungcal.data.manifest import load_manifest
-    from lungcal.data.synthetic import make_cohort
 
     dl = make_cohort(tmp_path / "c", n_subjects=16, prevalence=0.5, seed=3, formats=("nifti",), num_workers=1,
                      progress=False)

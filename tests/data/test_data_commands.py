@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
+
 from lungcal.cli import main
+from lungcal.data.synthetic import fake_identifiers, write_dicom_series
 
 
 def test_synth_then_check_data(tmp_path, capsys):
@@ -44,9 +47,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys):
 
 
 def test_import_nlst_command(tmp_path, capsys):
-    import numpy as np
 
-    from lungcal.data.synthetic import fake_identifiers, write_dicom_series
 
     vol = np.zeros((16, 16, 3), np.int16)
     write_dicom_series(vol, (0, 0, 0), (1, 1, 1), tmp_path / "NLST" / "7" / "01-02-1999-x" / "s",

@@ -4,8 +4,12 @@ from __future__ import annotations
 import csv
 import math
 
+import matplotlib.pyplot as plt
 import pytest
+from mlflow.tracking import MlflowClient
 
+from lungcal.cli import main
+from lungcal.errors import TrackingError
 from lungcal.study.report import (
     Cell,
     best_calibrated,
@@ -14,7 +18,7 @@ from lungcal.study.report import (
     load_published,
 )
 from lungcal.tracking import TAG_DATASET, TAG_STAGE1, TAG_STAGE2, RunTracker
-from lungcal.errors import TrackingError
+from lungcal.tracking.commands import ui_command
 
 
 def _log(uri, experiment, dataset, s1, s2, acc, auc, ece, half=0.01, status="ok", png=False):
@@ -26,8 +30,6 @@ def _log(uri, experiment, dataset, s1, s2, acc, auc, ece, half=0.01, status="ok"
                                   "auc": auc, "auc_ci_low": auc - half, "auc_ci_high": auc + half,
                                   "ece": ece, "ece_ci_low": ece - half, "ece_ci_high": ece + half})
             if png:
-                import matplotlib.pyplot as plt
-
                 fig, ax = plt.subplots(figsize=(2, 2))
                 ax.plot([0, 1], [0, 1])
                 t.log_figure(fig, "plots/test_reliability.png")
@@ -103,7 +105,6 @@ def test_build_report_writes_and_logs(store, tmp_path):
     assert "src='http" not in page and "<link" not in page  # self-contained
     assert page.count("no diagram") == 3
     # the report run carries the three files
-    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store)
     run = client.get_run(res["run_id"])
@@ -136,7 +137,6 @@ def test_cifar_report_shows_published_side_by_side(store, tmp_path):
 
 
 def test_cli_report(store, tmp_path, capsys):
-    from lungcal.cli import main
 
     assert main(["report", "--experiment", "nlst", "--tracking-uri", store, "--out", str(tmp_path), "--no-log"]) == 0
     out = capsys.readouterr().out
@@ -146,8 +146,6 @@ def test_cli_report(store, tmp_path, capsys):
 
 
 def test_ui_command_opens_the_store_on_loopback(store, tmp_path, capsys):
-    from lungcal.cli import main
-    from lungcal.tracking.commands import ui_command
 
     cmd = ui_command(store, port=5123)
     assert cmd[1:] == ["ui", "--backend-store-uri", store, "--host", "127.0.0.1", "--port", "5123"]

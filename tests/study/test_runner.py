@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from mlflow.tracking import MlflowClient
 
+from lungcal.cli import main
+from lungcal.errors import ConfigError
 from lungcal.study.runner import (
     TAG_STUDY_KEY,
     bundle_command,
@@ -13,7 +16,6 @@ from lungcal.study.runner import (
     print_plan,
     run_study,
 )
-from lungcal.errors import ConfigError
 
 
 def _tracker(stage2: str, parent: str | None = None) -> dict:
@@ -62,7 +64,6 @@ def _plan(bundles, uri, tmp_path, **kw):
 
 
 def test_study_runs_resumes_and_reports_failures(bundles, tmp_path, capsys):
-    from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     plan = _plan(bundles, uri, tmp_path)
@@ -117,7 +118,6 @@ def test_bundle_command_and_cli_dry_run(bundles, tmp_path, capsys):
     cmd = bundle_command(bundles / "nlst_ce.json", {"epochs": 3, "datalist": "/d/site.json"})
     assert cmd[1:5] == ["-m", "monai.bundle", "run", "--config_file"]
     assert cmd[-4:] == ["--epochs", "3", "--datalist", "/d/site.json"]
-    from lungcal.cli import main
 
     uri = f"sqlite:///{tmp_path / 'cli.db'}"
     rc = main(["study", "--stage1", "ce", "--stage2", "none", "ts", "--bundle-dir", str(bundles),

@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 LOOPBACK = "127.0.0.1"
 
@@ -94,8 +95,6 @@ def test_team_server_on_loopback_receives_a_bundle_run(tmp_path):
             [sys.executable, "-m", "monai.bundle", "run", "--config_file", str(bundle), "--tracking_uri", url],
             cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
-
-        from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=url)
         exp = client.get_experiment_by_name("team")

@@ -10,6 +10,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from lungcal import paths, tracking
+from lungcal.errors import TrackingError
 
 
 def test_default_uri_and_output_dir(tmp_path, monkeypatch):
@@ -43,7 +44,8 @@ def test_run_finished_with_everything(tmp_path):
         tr.log_dict({"a": 1}, "config/resolved.json")
         tr.log_model(torch.nn.Linear(3, 2), extra={"in": 3})
         parent = tr.run_id
-    with tracking.RunTracker("unit", "stage2-ts", tracking_uri=uri, parent_run_id=parent, tags={tracking.TAG_STAGE2: "ts"}) as child:
+    with tracking.RunTracker("unit", "stage2-ts", tracking_uri=uri, parent_run_id=parent,
+                             tags={tracking.TAG_STAGE2: "ts"}) as child:
         child_id = child.run_id
     c = MlflowClient(uri)
     run = c.get_run(parent)
@@ -71,7 +73,6 @@ def test_failed_run_is_marked_failed(tmp_path):
 
 
 def test_bad_uri_is_tracking_error(tmp_path):
-    from lungcal.errors import TrackingError
 
     with pytest.raises(TrackingError):
         tracking.RunTracker("unit", "x", tracking_uri=str(tmp_path / "mlruns"))
