@@ -1,19 +1,34 @@
-"""lungcal.data.synthetic: determinism, outputs, planted identifiers, Bayes difficulty."""
+"""lungcal.data.synthetic.cohort: outputs, planted identifiers, determinism, presets, Bayes AUC."""
 from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pydicom
 import pytest
+from sklearn.metrics import roc_auc_score
 
 from lungcal.ct.io import load_ct
 from lungcal.data.manifest import load_manifest
-from lungcal.data.synthetic import (NODULE_MODEL, ScannerProfile, bayes_auc, bayes_posterior, ensure_demo_cohort,
-                                    make_cohort, sample_nodule_features)
+from lungcal.data.splits import apply_splits
+from lungcal.data.synthetic import (
+    COHORT_PRESETS,
+    DEMO_DEFAULTS,
+    STUDY_DEFAULTS,
+    ScannerProfile,
+    cohort_bayes_auc,
+    ensure_cohort,
+    ensure_demo_cohort,
+    ensure_study_cohort,
+    make_cohort,
+)
+from lungcal.errors import ConfigError
 
 SMALL = dict(shape=(64, 64, 40), spacing=(5.0, 5.0, 6.0))
+TINY = dict(shape=(48, 48, 32), spacing=(6.0, 6.0, 8.0), num_workers=1)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +80,7 @@ def test_dicom_geometry_and_planted_identifiers(cohort):
     planted = json.loads((out / "planted_identifiers.json").read_text())["cts"]
     assert len(planted) == 10
     rows = load_manifest(path)
-    folder = rows[0]["image"]
-    files = sorted(p for p in __import__("pathlib").Path(folder).iterdir())
+    files = sorted(Path(rows[0]["image"]).iterdir())
     ds = pydicom.dcmread(files[1])
     assert ds.Modality == "CT" and float(ds.RescaleIntercept) == -1024 and float(ds.SliceThickness) == 6.0
     assert [float(v) for v in ds.PixelSpacing] == [5.0, 5.0]
@@ -89,6 +103,7 @@ def test_deterministic_by_seed(cohort, tmp_path):
     a, b = json.loads(path.read_text()), json.loads(again.read_text())
     assert a["rows"] == b["rows"]
     assert (out / "annotations.csv").read_text() == (tmp_path / "annotations.csv").read_text()
+    assert (out / "truth.csv").read_text() == (tmp_path / "truth.csv").read_text()
     r = a["rows"][4]
     np.testing.assert_array_equal(load_ct(out / r["image"]).numpy(), load_ct(tmp_path / r["image"]).numpy())
     other = make_cohort(tmp_path / "s4", n_subjects=3, prevalence=0.5, seed=4, num_workers=1, progress=False,
@@ -96,58 +111,65 @@ def test_deterministic_by_seed(cohort, tmp_path):
     assert json.loads(other.read_text())["rows"][0]["subject"] not in {x["subject"] for x in a["rows"]}
 
 
-def test_bayes_auc_in_target_band():
-    auc = bayes_auc(n=60_000, prevalence=0.11, seed=1)
-    assert 0.84 <= auc <= 0.91, auc
-    # the AUC does not depend on the prevalence (the posterior is monotone in the likelihood ratio)
-    assert abs(bayes_auc(n=60_000, prevalence=0.4, seed=1) - auc) < 0.01
-
-
-def test_bayes_posterior_is_calibrated():
-    # simulate CTs from the generative model and check the posterior against the labels in bins
-    rng = np.random.default_rng(0)
-    prev, n = 0.3, 6000
-    ps, ys = [], []
-    for _ in range(n):
-        y = rng.random() < prev
-        d, m, a = sample_nodule_features(rng, False, rng.poisson(NODULE_MODEL["lam"]))
-        if y:
-            d2, m2, a2 = sample_nodule_features(rng, True, 1)
-            d, m, a = np.r_[d, d2], np.r_[m, m2], np.r_[a, a2]
-        ps.append(bayes_posterior(d, m, a, prev))
-        ys.append(y)
-    ps, ys = np.array(ps), np.array(ys)
-    bins = np.digitize(ps, [0.2, 0.4, 0.6, 0.8])
-    for b in range(5):
-        sel = bins == b
-        if sel.sum() > 200:
-            assert abs(ps[sel].mean() - ys[sel].mean()) < 0.05
-
-
-def test_benign_smaller_than_malignant():
-    rng = np.random.default_rng(0)
-    db, _, ab = sample_nodule_features(rng, False, 4000)
-    dm, _, am = sample_nodule_features(rng, True, 4000)
-    assert np.median(dm) > np.median(db) + 3
-    assert (ab == 2).mean() > (am == 2).mean()  # calcified is a benign sign
-    assert db.min() >= 4 and dm.max() <= 30
+def test_bayes_auc_per_split_matches_sklearn(cohort):
+    out, path = cohort
+    with open(out / "truth.csv") as fh:
+        truth = {t["ct"]: t for t in csv.DictReader(fh)}
+    rows = load_manifest(path)
+    auc = cohort_bayes_auc(path)
+    assert auc == cohort_bayes_auc(out)
+    for name in ("all", "train", "val", "test"):
+        sel = [r for r in rows if name in ("all", r["split"])]
+        labels = [int(truth[r["ct"]]["label"]) for r in sel]
+        if len(set(labels)) < 2:
+            assert auc[name] is None
+            continue
+        expected = roc_auc_score(labels, [float(truth[r["ct"]]["bayes_p"]) for r in sel])
+        assert auc[name] == pytest.approx(expected, abs=1e-12)
+        assert json.loads((out / "cohort.json").read_text())["bayes_auc"][name] == pytest.approx(expected, abs=1e-4)
 
 
 def test_ensure_demo_cohort_generates_once(tmp_path):
-    p = ensure_demo_cohort(tmp_path, progress=False, n_subjects=3, shape=(48, 48, 32), spacing=(6.0, 6.0, 8.0),
-                           num_workers=1)
+    p = ensure_demo_cohort(tmp_path, progress=False, n_subjects=3, **TINY)
+    # the folder name of an overridden demo is the same as before presets existed (no regeneration)
+    assert p.parent.name == "synthetic_n_subjects-3_num_workers-1_shape-48x48x32_spacing-6.0x6.0x8.0"
     mtime = p.stat().st_mtime_ns
-    assert ensure_demo_cohort(tmp_path, progress=False, n_subjects=3, shape=(48, 48, 32), spacing=(6.0, 6.0, 8.0),
-                              num_workers=1) == p
+    assert ensure_demo_cohort(tmp_path, progress=False, n_subjects=3, **TINY) == p
+    assert ensure_cohort("demo", tmp_path, progress=False, n_subjects=3, **TINY) == p
     assert p.stat().st_mtime_ns == mtime
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".")]  # no temp folder left
     assert len(load_manifest(p)) == 3
 
 
-def test_bad_parameters():
-    from lungcal.errors import ConfigError
+def test_presets():
+    assert COHORT_PRESETS["demo"] is DEMO_DEFAULTS and COHORT_PRESETS["study"] is STUDY_DEFAULTS
+    assert DEMO_DEFAULTS == {"n_subjects": 1000, "prevalence": 0.4, "seed": 0, "shape": (128, 128, 96),
+                             "spacing": (2.5, 2.5, 2.5), "formats": ("dicom",)}  # the demo never changes silently
+    assert STUDY_DEFAULTS["prevalence"] == 0.11 and STUDY_DEFAULTS["seed"] != DEMO_DEFAULTS["seed"]
+    # the study's split fractions give about 1000 / 1000 / 1500 CTs at its prevalence
+    rng = np.random.default_rng(0)
+    rows = [{"image": "x", "subject": f"s{i}", "label": int(rng.random() < 0.11), "split": ""}
+            for i in range(STUDY_DEFAULTS["n_subjects"])]
+    counts = Counter(r["split"] for r in apply_splits(rows, STUDY_DEFAULTS["splits"], seed=STUDY_DEFAULTS["seed"]))
+    assert abs(counts["train"] - 1000) <= 2 and abs(counts["val"] - 1000) <= 2 and abs(counts["test"] - 1500) <= 2
 
+
+def test_ensure_study_cohort(tmp_path):
+    p = ensure_study_cohort(tmp_path, progress=False, n_subjects=7, **TINY)
+    assert p.parent.name.startswith("synthetic_study_n_subjects-7")
+    params = json.loads((p.parent / "cohort.json").read_text())
+    assert params["prevalence"] == 0.11 and params["seed"] == STUDY_DEFAULTS["seed"]
+    np.testing.assert_allclose(params["splits"], [1000 / 3500, 1000 / 3500, 1500 / 3500])
+    assert ensure_cohort("study", tmp_path, progress=False, n_subjects=7, **TINY) == p
+
+
+def test_bad_parameters():
     with pytest.raises(ConfigError, match="formats"):
         make_cohort("/tmp/unused", 2, formats=("png",))
     with pytest.raises(ConfigError, match="prevalence"):
         make_cohort("/tmp/unused", 2, prevalence=1.5)
+    with pytest.raises(ConfigError, match="image_format"):
+        make_cohort("/tmp/unused", 2, formats=("nifti",), image_format="dicom")
+    with pytest.raises(ConfigError, match="preset") as err:
+        ensure_cohort("nlst")
+    assert "study" in err.value.fix
