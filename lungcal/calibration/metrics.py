@@ -18,16 +18,29 @@ Conventions shared by every function here:
   p(y=1) against the frequency of y = 1.
 
 All binning uses ``np.searchsorted`` + ``np.bincount``: no per-sample Python loops.
+
+Clinical calibration measures (binary tasks, on p(y=1)): :func:`calibration_slope_intercept`
+and :func:`oe_ratio` (Van Calster et al. 2019). :func:`calibration_report` gives every metric with
+a percentile-bootstrap CI; :func:`paired_bootstrap_diff` the CI of a difference between two
+models on the same cases.
+
+This module is longer than the house ~400 lines on purpose: every metric, its vectorised
+bootstrap replicate and the report share the input conventions and binning helpers above, and
+splitting them would split each metric from its bootstrap twin.
 """
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from scipy import sparse
+from scipy.stats import rankdata
 
-from lungcal.errors import DataError
+from lungcal.calibration._logistic import fit_logistic, fit_logistic_batch
+from lungcal.errors import ConfigError, DataError
 
 __all__ = [
     "ece",
@@ -39,9 +52,13 @@ __all__ = [
     "accuracy",
     "auroc",
     "reliability_bins",
+    "calibration_slope_intercept",
+    "oe_ratio",
     "calibration_report",
+    "paired_bootstrap_diff",
     "ece_consistency_pvalue",
     "REPORT_METRICS",
+    "BINARY_REPORT_METRICS",
 ]
 
 _MODES = ("top_label", "positive_class")
@@ -50,7 +67,11 @@ _NORMS = ("l1", "l2", "max")
 REPORT_METRICS = (
     "acc", "auc", "ece", "mce", "adaptive_ece", "classwise_ece", "brier", "nll", "mean_confidence"
 )
+#: Keys :func:`calibration_report` adds, with their CIs, for binary tasks only (absent for C > 2).
+BINARY_REPORT_METRICS = ("cal_slope", "cal_intercept", "oe_ratio")
 _PROB_TOL = 1e-6
+#: p(y=1) is clipped to [eps, 1 - eps] before the logit of the calibration slope / intercept.
+LOGIT_EPS = 1e-8
 
 
 # ----------------------------------------------------------------------------- input handling
@@ -374,8 +395,6 @@ def accuracy(probs, labels) -> float:
 
 def _auc_from_scores(score: np.ndarray, pos: np.ndarray) -> float:
     """Mann-Whitney AUC with average ranks for ties; nan when one class is absent."""
-    from scipy.stats import rankdata
-
     n1 = int(pos.sum())
     n0 = pos.shape[0] - n1
     if n1 == 0 or n0 == 0:
@@ -422,10 +441,93 @@ def reliability_bins(probs, labels, n_bins: int = 15, mode: str = "top_label") -
     }
 
 
+# ----------------------------------------------------------------------------- clinical measures
+def _binary_positive(probs, labels, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """p(y=1) as float64 and labels of a binary task; DataError for C > 2."""
+    p, y = _as_probs_labels(probs, labels)
+    if p.shape[1] != 2:
+        raise DataError(f"{what} needs a binary task, got {p.shape[1]} classes", field="probs",
+                        fix="pass (N,) p(y=1) or (N, 2) probabilities of a binary task")
+    return p[:, 1].astype(np.float64), y
+
+
+def _clipped_logit(p1: np.ndarray, eps: float) -> np.ndarray:
+    q = np.clip(p1, eps, 1.0 - eps)
+    return np.log(q) - np.log1p(-q)
+
+
+def calibration_slope_intercept(probs, labels, eps: float = LOGIT_EPS) -> tuple[float, float]:
+    """Calibration slope and calibration intercept (calibration-in-the-large) of p(y=1).
+
+    With ``x = logit(clip(p, eps, 1 - eps))``:
+
+    * slope = b of the logistic fit ``logit P(y=1) = a + b x`` (1 when calibrated; < 1 means
+      predictions too extreme, > 1 too modest);
+    * intercept = a' of the fit ``logit P(y=1) = a' + x`` (x as an offset, slope fixed at 1);
+      0 when calibrated in the large, < 0 when the model over-predicts the event rate.
+
+    Both are maximum-likelihood fits by Newton's method in float64 (:mod:`._logistic`). Under
+    separation (the x-ranges of events and non-events do not overlap) the slope has no finite
+    MLE: the iterations are capped and the last iterate is returned.
+
+    Args:
+        probs: ``(N,)`` p(y=1) or ``(N, 2)`` probabilities (binary tasks only).
+        labels: ``(N,)`` 0/1 labels.
+        eps: clipping of p before the logit (p of exactly 0 or 1 would give an infinite logit).
+
+    Returns:
+        ``(slope, intercept)`` as Python floats; ``(nan, nan)`` when only one class occurs.
+
+    References:
+        Van Calster, McLernon, van Smeden, Wynants, Steyerberg. "Calibration: the Achilles heel
+        of predictive analytics." BMC Medicine 17, 230 (2019).
+        https://doi.org/10.1186/s12916-019-1466-7
+        Cox. "Two further applications of a model for binary regression." Biometrika 45 (1958).
+        https://doi.org/10.1093/biomet/45.3-4.562
+    """
+    p1, y = _binary_positive(probs, labels, "calibration_slope_intercept")
+    if y.min() == y.max():
+        return float("nan"), float("nan")
+    x = _clipped_logit(p1, eps)
+    _, slope, _ = fit_logistic(x, y)
+    intercept, _, _ = fit_logistic(x, y, fit_slope=False)
+    return slope, intercept
+
+
+def oe_ratio(probs, labels) -> float:
+    """Observed / expected events ``sum(y) / sum(p)`` of p(y=1) (binary tasks; 1 when calibrated
+    in the large, > 1 when the model under-predicts). inf when ``sum(p) == 0 < sum(y)``, nan
+    when both are 0.
+
+    References:
+        Van Calster et al. "Calibration: the Achilles heel of predictive analytics." BMC
+        Medicine 17, 230 (2019). https://doi.org/10.1186/s12916-019-1466-7
+    """
+    p1, y = _binary_positive(probs, labels, "oe_ratio")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return float(np.float64(y.sum()) / p1.sum())
+
+
+def _clinical_replicates(p1: np.ndarray, y: np.ndarray, w: np.ndarray,
+                         eps: float = LOGIT_EPS) -> dict[str, np.ndarray]:
+    """Slope, intercept and O/E of every bootstrap replicate (rows of the (B, N) counts ``w``):
+    one batched Newton fit for all replicates. Replicates with one class only are nan."""
+    x = _clipped_logit(p1, eps)
+    yf = y.astype(np.float64)
+    events = w @ yf
+    both = (events > 0) & (events < w.sum(1))
+    a0, b0, _ = fit_logistic(x, yf)  # warm start: replicates lie near the full-data fit
+    c0, _, _ = fit_logistic(x, yf, fit_slope=False)
+    _, slope, _ = fit_logistic_batch(x, yf, w, start=(a0, b0))
+    intercept, _, _ = fit_logistic_batch(x, yf, w, fit_slope=False, start=(c0, 1.0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        oe = events / (w @ p1)
+    return {"cal_slope": np.where(both, slope, np.nan), "cal_intercept": np.where(both, intercept, np.nan),
+            "oe_ratio": oe}
+
+
 # ----------------------------------------------------------------------------- bootstrap report
 def _onehot_sparse(col: np.ndarray, n_cols: int, values: np.ndarray | None = None):
-    from scipy import sparse
-
     n = col.shape[0]
     data = np.ones(n) if values is None else values
     return sparse.csr_matrix((data, (np.arange(n), col)), shape=(n, n_cols))
@@ -481,9 +583,10 @@ def _bootstrap_replicates(p: np.ndarray, y: np.ndarray, n_bins: int, mode: str,
     rank[order] = np.arange(n)
     r = np.sort(rank[idx], axis=1)
     out["adaptive_ece"] = _adaptive_from_sorted(conf[order][r], hit[order][r], n_bins)
-    # AUC
+    # AUC (and, for binary tasks, the clinical measures)
     if c == 2:
         out["auc"] = _auc_weighted(p[:, 1], y == 1, w)
+        out.update(_clinical_replicates(p[:, 1].astype(np.float64), y, w))
     else:
         per = np.stack([_auc_weighted(p[:, k], y == k, w) for k in range(c)], axis=1)
         with warnings.catch_warnings():
@@ -492,37 +595,22 @@ def _bootstrap_replicates(p: np.ndarray, y: np.ndarray, n_bins: int, mode: str,
     return out
 
 
-def calibration_report(probs, labels, n_bins: int = 15, n_bootstrap: int = 1000, seed: int = 0,
-                       mode: str = "top_label", chunk_size: int | None = None) -> dict:
-    """Every metric of this module with a 95% percentile-bootstrap CI.
+def _index_chunks(rng: np.random.Generator, n: int, n_bootstrap: int, chunk: int):
+    """Bootstrap index matrices ``(bsz, n)`` (with replacement), ``n_bootstrap`` rows in all."""
+    done = 0
+    while done < n_bootstrap:
+        bsz = min(chunk, n_bootstrap - done)
+        yield rng.integers(0, n, size=(bsz, n))
+        done += bsz
 
-    The ``n_bootstrap`` resamples (with replacement, ``numpy.random.default_rng(seed)``) are
-    evaluated in chunks of ``chunk_size`` replicates at once: each chunk is a (B, N) matrix of
-    resampling counts, and every metric is computed for all its rows by sparse products and
-    sorts, never by a per-replicate Python loop. Replicates where a metric is undefined (AUC
-    of a resample with a single class) are left out of that metric's percentiles.
 
-    Args:
-        probs: ``(N, C)`` probabilities or ``(N,)`` p(y=1).
-        labels: ``(N,)`` class indices.
-        n_bins: equal-width bins for ``ece``/``mce``/``classwise_ece``; equal-mass bins for
-            ``adaptive_ece``.
-        n_bootstrap: number of bootstrap replicates (0 skips the CIs; they are then nan).
-        seed: seed of the resampling.
-        mode: ``"top_label"`` or ``"positive_class"``: applies to ece, mce, adaptive_ece and
-            mean_confidence; recorded as ``ece_mode``.
-        chunk_size: replicates per chunk (default: about 4e6 / (N * C), at least 1).
+def _default_chunk(n: int, c: int) -> int:
+    return max(1, int(4e6 // (n * max(c, 2))))
 
-    Returns:
-        dict with ``acc, auc, ece, mce, adaptive_ece, classwise_ece, brier, nll,
-        mean_confidence``, for each ``{key}_ci_low`` and ``{key}_ci_high``, and ``n``,
-        ``n_bins``, ``ece_mode``. All values are Python floats / ints / str.
-    """
-    p, y = _as_probs_labels(probs, labels)
-    _check_mode(mode, p.shape[1])
-    n = p.shape[0]
+
+def _point_metrics(p: np.ndarray, y: np.ndarray, n_bins: int, mode: str) -> dict[str, float]:
     conf, _ = _confidence_correct(p, y, mode)
-    report: dict[str, Any] = {
+    out = {
         "acc": accuracy(p, y),
         "auc": auroc(p, y),
         "ece": ece(p, y, n_bins, "l1", mode),
@@ -533,18 +621,53 @@ def calibration_report(probs, labels, n_bins: int = 15, n_bootstrap: int = 1000,
         "nll": nll(p, y),
         "mean_confidence": float(conf.mean()),
     }
-    reps: dict[str, list[np.ndarray]] = {k: [] for k in REPORT_METRICS}
+    if p.shape[1] == 2:
+        out["cal_slope"], out["cal_intercept"] = calibration_slope_intercept(p, y)
+        out["oe_ratio"] = oe_ratio(p, y)
+    return out
+
+
+def calibration_report(probs, labels, n_bins: int = 15, n_bootstrap: int = 1000, seed: int = 0,
+                       mode: str = "top_label", chunk_size: int | None = None) -> dict:
+    """Every metric of this module with a 95% percentile-bootstrap CI.
+
+    The ``n_bootstrap`` resamples (with replacement, ``numpy.random.default_rng(seed)``) are
+    evaluated in chunks of ``chunk_size`` replicates at once: each chunk is a (B, N) matrix of
+    resampling counts, and every metric is computed for all its rows by sparse products, sorts
+    and one batched Newton fit (slope / intercept), never by a per-replicate Python loop.
+    Replicates where a metric is undefined (AUC, slope or intercept of a resample with a single
+    class) are left out of that metric's percentiles.
+
+    Args:
+        probs: ``(N, C)`` probabilities or ``(N,)`` p(y=1).
+        labels: ``(N,)`` class indices.
+        n_bins: equal-width bins for ``ece``/``mce``/``classwise_ece``; equal-mass bins for
+            ``adaptive_ece``.
+        n_bootstrap: number of bootstrap replicates (0 skips the CIs; they are then nan).
+        seed: seed of the resampling.
+        mode: ``"top_label"`` or ``"positive_class"``: applies to ece, mce, adaptive_ece and
+            mean_confidence; recorded as ``ece_mode``. The clinical measures always use p(y=1).
+        chunk_size: replicates per chunk (default: about 4e6 / (N * C), at least 1).
+
+    Returns:
+        dict with ``acc, auc, ece, mce, adaptive_ece, classwise_ece, brier, nll,
+        mean_confidence`` (:data:`REPORT_METRICS`), for binary tasks also ``cal_slope,
+        cal_intercept, oe_ratio`` (:data:`BINARY_REPORT_METRICS`), for each ``{key}_ci_low`` and
+        ``{key}_ci_high``, and ``n``, ``n_bins``, ``ece_mode``. All values are Python floats /
+        ints / str.
+    """
+    p, y = _as_probs_labels(probs, labels)
+    _check_mode(mode, p.shape[1])
+    n = p.shape[0]
+    report: dict[str, Any] = _point_metrics(p, y, n_bins, mode)
+    keys = REPORT_METRICS + (BINARY_REPORT_METRICS if p.shape[1] == 2 else ())
+    reps: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     if n_bootstrap > 0:
-        rng = np.random.default_rng(seed)
-        chunk = chunk_size or max(1, int(4e6 // (n * max(p.shape[1], 2))))
-        done = 0
-        while done < n_bootstrap:
-            bsz = min(chunk, n_bootstrap - done)
-            idx = rng.integers(0, n, size=(bsz, n))
+        chunk = chunk_size or _default_chunk(n, p.shape[1])
+        for idx in _index_chunks(np.random.default_rng(seed), n, int(n_bootstrap), chunk):
             for k, v in _bootstrap_replicates(p, y, n_bins, mode, idx).items():
                 reps[k].append(v)
-            done += bsz
-    for k in REPORT_METRICS:
+    for k in keys:
         vals = np.concatenate(reps[k]) if reps[k] else np.empty(0)
         vals = vals[np.isfinite(vals)]
         if vals.size:
@@ -554,3 +677,80 @@ def calibration_report(probs, labels, n_bins: int = 15, n_bootstrap: int = 1000,
         report[f"{k}_ci_low"], report[f"{k}_ci_high"] = float(lo), float(hi)
     report.update(n=int(n), n_bins=int(n_bins), ece_mode=mode)
     return report
+
+
+# ----------------------------------------------------------------------------- paired differences
+def _resolve_metric(metric: str | Callable, n_classes: int) -> str | Callable:
+    if callable(metric):
+        return metric
+    names = REPORT_METRICS + (BINARY_REPORT_METRICS if n_classes == 2 else ())
+    if metric not in names:
+        raise ConfigError(f"unknown metric {metric!r}", field="metric",
+                          fix=f"pass a callable(probs, labels) or one of: {', '.join(names)}")
+    return metric
+
+
+def paired_bootstrap_diff(metric: str | Callable, probs_a, probs_b, labels, n_bootstrap: int = 1000,
+                          seed: int = 0, alpha: float = 0.05, n_bins: int = 15,
+                          mode: str = "top_label") -> dict:
+    """Paired bootstrap of ``metric(A) - metric(B)`` for two models scored on the same cases.
+
+    Every replicate resamples the cases (rows of ``probs_a``, ``probs_b`` and ``labels``
+    together), so the CI accounts for the correlation between the two models' errors; it is
+    much narrower than comparing two separate CIs. A named metric is computed for all replicates
+    at once (the vectorised replicates of :func:`calibration_report`); a callable is called once
+    per replicate and model. Replicates where either value is not finite are left out.
+
+    Args:
+        metric: a callable ``(probs, labels) -> float`` or the name of a report metric
+            (:data:`REPORT_METRICS`; for binary tasks also :data:`BINARY_REPORT_METRICS`).
+        probs_a, probs_b: probabilities of the two models, same shape (``(N, C)`` or ``(N,)``).
+        labels: ``(N,)`` class indices.
+        n_bootstrap: replicates; seed: their seed (same resamples as :func:`calibration_report`).
+        alpha: the CI is the ``(alpha/2, 1 - alpha/2)`` percentile interval.
+        n_bins, mode: binning and ECE mode of a named metric (ignored for a callable).
+
+    Returns:
+        dict with ``diff`` (metric(A) - metric(B) on all cases), ``ci_low``, ``ci_high``,
+        ``p_value`` (two-sided percentile-bootstrap p-value,
+        ``min(1, 2 * min(1 + #{d* <= 0}, 1 + #{d* >= 0}) / (1 + B))``), ``significant``
+        (the CI excludes 0), ``n_bootstrap`` (replicates used), ``alpha`` and ``metric``.
+
+    References:
+        Efron, Tibshirani. "An Introduction to the Bootstrap." Chapman & Hall (1993), ch. 13
+        and 16. https://doi.org/10.1201/9780429246593
+    """
+    pa, y = _as_probs_labels(probs_a, labels)
+    pb, _ = _as_probs_labels(probs_b, labels)
+    if pa.shape != pb.shape:
+        raise DataError(f"probs_a has shape {pa.shape} but probs_b has {pb.shape}", field="probs_b",
+                        fix="score both models on the same cases and classes")
+    if not 0 < alpha < 1:
+        raise ConfigError(f"alpha must be in (0, 1), got {alpha}", field="alpha", fix="use e.g. 0.05")
+    fn = _resolve_metric(metric, pa.shape[1])
+    n = pa.shape[0]
+    if callable(fn):
+        diff = float(fn(pa, y)) - float(fn(pb, y))
+    else:
+        _check_mode(mode, pa.shape[1])
+        diff = _point_metrics(pa, y, n_bins, mode)[fn] - _point_metrics(pb, y, n_bins, mode)[fn]
+    reps = []
+    if n_bootstrap > 0:
+        chunk = _default_chunk(n, pa.shape[1])
+        for idx in _index_chunks(np.random.default_rng(seed), n, int(n_bootstrap), chunk):
+            if callable(fn):
+                reps.append(np.array([float(fn(pa[i], y[i])) - float(fn(pb[i], y[i])) for i in idx]))
+            else:
+                reps.append(_bootstrap_replicates(pa, y, n_bins, mode, idx)[fn]
+                            - _bootstrap_replicates(pb, y, n_bins, mode, idx)[fn])
+    d = np.concatenate(reps) if reps else np.empty(0)
+    d = d[np.isfinite(d)]
+    if d.size:
+        lo, hi = np.percentile(d, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        below, above = int((d <= 0).sum()), int((d >= 0).sum())
+        p_value = min(1.0, 2.0 * (1 + min(below, above)) / (1 + d.size))
+    else:
+        lo = hi = p_value = float("nan")
+    return {"diff": float(diff), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(p_value),
+            "significant": bool(lo > 0 or hi < 0), "n_bootstrap": int(d.size), "alpha": float(alpha),
+            "metric": fn if isinstance(fn, str) else getattr(fn, "__name__", "callable")}

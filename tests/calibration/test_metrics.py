@@ -1,16 +1,20 @@
-"""Metrics against independent oracles: netcal, torchmetrics, scikit-learn, and plain loops."""
+"""Metrics against independent oracles: netcal, torchmetrics, scikit-learn, scipy and plain loops."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from scipy.optimize import minimize
+from scipy.special import expit, logit
 
 from lungcal.calibration import metrics as M
-from lungcal.errors import DataError
+from lungcal.calibration.metrics import ece_consistency_pvalue
+from lungcal.errors import ConfigError, DataError
 
 netcal_metrics = pytest.importorskip("netcal.metrics")
 tm = pytest.importorskip("torchmetrics.functional.classification")
 skm = pytest.importorskip("sklearn.metrics")
+sk_linear = pytest.importorskip("sklearn.linear_model")
 
 
 def _softmax(z):
@@ -177,6 +181,11 @@ def test_vectorised_bootstrap_equals_loop(binary):
            "adaptive_ece": lambda a, b: M.adaptive_ece(a, b, 10),
            "classwise_ece": lambda a, b: M.classwise_ece(a, b, 10),
            "mean_confidence": lambda a, b: a.max(1).mean()}
+    if binary:  # the batched Newton fits of every replicate against one fit per replicate
+        fns.update(cal_slope=lambda a, b: M.calibration_slope_intercept(a, b)[0],
+                   cal_intercept=lambda a, b: M.calibration_slope_intercept(a, b)[1], oe_ratio=M.oe_ratio)
+    else:
+        assert not set(M.BINARY_REPORT_METRICS) & set(reps)
     for key, fn in fns.items():
         loop = np.array([fn(P[i], y[i]) for i in idx])
         np.testing.assert_allclose(reps[key], loop, atol=1e-10, err_msg=key)
@@ -239,8 +248,6 @@ def test_ece_float32_equals_float64_input(multiclass):
 
 
 def test_ece_consistency_pvalue_is_a_valid_test_with_power():
-    from lungcal.calibration.metrics import ece_consistency_pvalue
-
     rng = np.random.default_rng(0)
     n = 300
     p1 = rng.beta(2, 5, n)
@@ -255,3 +262,113 @@ def test_ece_consistency_pvalue_is_a_valid_test_with_power():
     # a model that over-predicts the positive class 2.5x is flagged
     y_shift = (rng.random(n) < 0.4 * p1).astype(int)
     assert ece_consistency_pvalue(probs, y_shift, n_bins=10, n_resamples=500)[1] < 0.01
+
+
+# ----------------------------------------------------------------------------- clinical measures
+def _miscalibrated(n=4000, seed=0, slope=0.6, shift=-0.7):
+    """p of a model whose log-odds are too extreme (true slope 0.6) and too high (shift -0.7)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n) * 2.0
+    p = expit(x)
+    y = (rng.random(n) < expit(shift + slope * x)).astype(int)
+    return p, y
+
+
+def _offset_intercept_oracle(x, y):
+    """MLE of a' in logit P(y=1) = a' + x (x an offset), by scipy.optimize on the NLL."""
+    def f(t):
+        eta = t[0] + x
+        return float(np.sum(np.logaddexp(0.0, eta) - y * eta))
+    return float(minimize(f, [0.0], method="BFGS", options={"gtol": 1e-12}).x[0])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_slope_intercept_equal_independent_fits(seed):
+    p, y = _miscalibrated(seed=seed)
+    slope, intercept = M.calibration_slope_intercept(p, y)
+    x = logit(np.clip(p, M.LOGIT_EPS, 1 - M.LOGIT_EPS))
+    ref = sk_linear.LogisticRegression(C=np.inf, tol=1e-12, max_iter=10_000).fit(x[:, None], y)
+    assert slope == pytest.approx(float(ref.coef_[0, 0]), abs=1e-4)
+    assert intercept == pytest.approx(_offset_intercept_oracle(x, y), abs=1e-4)
+    # the truth is a = -0.7, b = 0.6: both measures see the miscalibration
+    assert 0.5 < slope < 0.7 and intercept < -0.3
+    # (N, 2) and (N,) inputs agree; torch input too
+    assert M.calibration_slope_intercept(np.stack([1 - p, p], 1), y) == (slope, intercept)
+    assert M.calibration_slope_intercept(torch.from_numpy(p), torch.from_numpy(y)) == (slope, intercept)
+
+
+def test_slope_intercept_of_a_calibrated_model_are_one_and_zero():
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0.02, 0.98, 50_000)
+    y = (rng.random(50_000) < p).astype(int)
+    slope, intercept = M.calibration_slope_intercept(p, y)
+    assert slope == pytest.approx(1.0, abs=0.05) and intercept == pytest.approx(0.0, abs=0.03)
+
+
+def test_slope_intercept_edge_cases():
+    p = np.array([0.1, 0.4, 0.6, 0.9])
+    assert all(np.isnan(M.calibration_slope_intercept(p, np.zeros(4, int))))
+    # separated outcomes: no finite MLE, but a finite (large) answer and no exception
+    slope, intercept = M.calibration_slope_intercept(p, np.array([0, 0, 1, 1]))
+    assert np.isfinite(slope) and slope > 5 and np.isfinite(intercept)
+    # p of exactly 0 and 1 are clipped, not infinite
+    assert np.isfinite(M.calibration_slope_intercept(np.array([0.0, 0.3, 0.7, 1.0]), np.array([0, 1, 0, 1]))).all()
+    with pytest.raises(DataError, match="binary"):
+        M.calibration_slope_intercept(np.full((4, 3), 1 / 3), np.array([0, 1, 2, 0]))
+
+
+def test_oe_ratio_closed_form():
+    p = np.array([0.2, 0.4, 0.6, 0.8])
+    assert M.oe_ratio(p, np.array([0, 1, 1, 1])) == pytest.approx(3 / 2.0)
+    assert M.oe_ratio(np.stack([1 - p, p], 1), np.array([0, 0, 0, 1])) == pytest.approx(1 / 2.0)
+    assert np.isnan(M.oe_ratio(np.zeros(3), np.zeros(3, int)))
+    with pytest.raises(DataError, match="binary"):
+        M.oe_ratio(np.full((4, 3), 1 / 3), np.array([0, 1, 2, 0]))
+
+
+def test_report_has_clinical_measures_for_binary_tasks_only(multiclass):
+    p, y = _miscalibrated(n=1500)
+    r = M.calibration_report(p, y, n_bootstrap=200, seed=0)
+    slope, intercept = M.calibration_slope_intercept(p, y)
+    assert r["cal_slope"] == slope and r["cal_intercept"] == intercept and r["oe_ratio"] == M.oe_ratio(p, y)
+    for k in M.BINARY_REPORT_METRICS:
+        assert r[f"{k}_ci_low"] < r[k] < r[f"{k}_ci_high"], k
+    assert r["cal_slope_ci_high"] < 1.0 and r["oe_ratio_ci_high"] < 1.0  # over-predicting, too extreme
+    rm = M.calibration_report(*multiclass, n_bootstrap=10)
+    assert not any(k.startswith(M.BINARY_REPORT_METRICS) for k in rm)
+
+
+# ----------------------------------------------------------------------------- paired bootstrap
+def test_paired_bootstrap_diff_point_ci_and_paths():
+    p, y = _miscalibrated(n=800, seed=4)
+    q = expit(-0.7 + 0.6 * logit(p))  # the recalibrated model (the truth)
+    for name, fn in (("ece", M.ece), ("auc", M.auroc), ("nll", M.nll), ("cal_slope",
+                     lambda a, b: M.calibration_slope_intercept(a, b)[0])):
+        r = M.paired_bootstrap_diff(name, q, p, y, n_bootstrap=300, seed=1)
+        assert r["diff"] == pytest.approx(fn(q, y) - fn(p, y), abs=1e-12), name
+        assert r["ci_low"] <= r["diff"] <= r["ci_high"], name
+        # the vectorised named path resamples exactly as the per-replicate callable path
+        rc = M.paired_bootstrap_diff(fn, q, p, y, n_bootstrap=300, seed=1)
+        assert rc["ci_low"] == pytest.approx(r["ci_low"], abs=1e-8), name
+        assert rc["ci_high"] == pytest.approx(r["ci_high"], abs=1e-8), name
+        assert rc["p_value"] == r["p_value"], name
+    # recalibration is a monotone map: AUC unchanged in every replicate
+    r_auc = M.paired_bootstrap_diff("auc", q, p, y, n_bootstrap=100)
+    assert r_auc["ci_low"] == r_auc["ci_high"] == 0.0 and not r_auc["significant"]
+    # the true model has a clearly lower ECE and NLL
+    for name in ("ece", "nll"):
+        r = M.paired_bootstrap_diff(name, q, p, y, n_bootstrap=300)
+        assert r["significant"] and r["ci_high"] < 0 and r["p_value"] < 0.01, name
+
+
+def test_paired_bootstrap_diff_identical_models_and_bad_input():
+    p, y = _miscalibrated(n=300, seed=5)
+    r = M.paired_bootstrap_diff("ece", p, p, y, n_bootstrap=200)
+    assert r["diff"] == 0.0 and r["ci_low"] == r["ci_high"] == 0.0
+    assert r["p_value"] == 1.0 and not r["significant"] and r["n_bootstrap"] == 200
+    with pytest.raises(ConfigError, match="one of"):
+        M.paired_bootstrap_diff("f1", p, p, y)
+    with pytest.raises(ConfigError, match="cal_slope"):  # binary-only names are not offered for C > 2
+        M.paired_bootstrap_diff("cal_slope", np.full((3, 3), 1 / 3), np.full((3, 3), 1 / 3), [0, 1, 2])
+    with pytest.raises(DataError, match="shape"):
+        M.paired_bootstrap_diff("ece", p, np.stack([1 - p, p, 0 * p], 1), y)
