@@ -51,6 +51,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets the usual mode
         with os.fdopen(fd, mode.replace("x", "w"), **open_kwargs) as f:
             yield f
             f.flush()
@@ -62,6 +63,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) 
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
