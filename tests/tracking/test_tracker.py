@@ -76,3 +76,17 @@ def test_bad_uri_is_tracking_error(tmp_path):
 
     with pytest.raises(TrackingError):
         tracking.RunTracker("unit", "x", tracking_uri=str(tmp_path / "mlruns"))
+
+
+def test_experiments_open_on_the_training_runs_table(tmp_path):
+    """MLflow 3's UI opens an untagged experiment on the GenAI overview, where no runs show."""
+    uri = tracking.default_tracking_uri(tmp_path)
+    client = MlflowClient(uri)
+    old = client.create_experiment("legacy")  # made before the tag existed
+    with tracking.RunTracker("fresh", "r", tracking_uri=uri):
+        pass
+    with tracking.RunTracker("legacy", "r", tracking_uri=uri):
+        pass
+    for exp in (client.get_experiment_by_name("fresh"), client.get_experiment(old)):
+        kind = exp.tags[tracking.MLFLOW_EXPERIMENT_KIND]
+        assert kind == tracking.EXPERIMENT_KIND_TRAINING == "custom_model_development"
