@@ -1,4 +1,5 @@
-"""Shared calibration toolkit: metrics, losses, mixup, post-hoc scaling, plots, ignite handlers.
+"""Shared calibration toolkit: metrics, losses, mixup, post-hoc scaling, prior adaptation, plots,
+ignite handlers.
 
 Imports only numpy/scipy/torch (matplotlib in :mod:`.plots`, ignite in :mod:`.handlers`, both
 loaded lazily) and the stdlib-only :mod:`lungcal.errors`. See docs/architecture.md.
@@ -11,31 +12,46 @@ from .losses import (
     soft_cross_entropy,
 )
 from .metrics import (
+    BINARY_REPORT_METRICS,
     REPORT_METRICS,
     accuracy,
     adaptive_ece,
     auroc,
     brier_score,
     calibration_report,
+    calibration_slope_intercept,
     classwise_ece,
     ece,
+    ece_consistency_pvalue,
     mce,
     nll,
+    oe_ratio,
+    paired_bootstrap_diff,
     reliability_bins,
 )
 from .mixup import mixup, mixup_bags
+from .prior import adjust_to_prior, estimate_prior_em
 from .scaling import (
+    CALIBRATORS,
     HistogramBinning,
     IsotonicCalibrator,
     MatrixScaler,
+    PlattScaler,
     TemperatureScaler,
     VectorScaler,
+    calibrator_from_json,
+    fit_warnings,
+    make_calibrator,
+    select_calibrator,
 )
 
 __all__ = [
-    "REPORT_METRICS", "accuracy", "adaptive_ece", "auroc", "brier_score", "calibration_report",
-    "classwise_ece", "ece", "mce", "nll", "reliability_bins",
+    "REPORT_METRICS", "BINARY_REPORT_METRICS", "accuracy", "adaptive_ece", "auroc", "brier_score",
+    "calibration_report", "calibration_slope_intercept", "classwise_ece", "ece", "ece_consistency_pvalue",
+    "mce", "nll", "oe_ratio", "paired_bootstrap_diff", "reliability_bins",
     "FocalLoss", "FocalLossAdaptiveGamma", "LabelAwareSmoothingLoss", "las_epsilons",
     "soft_cross_entropy", "mixup", "mixup_bags",
-    "TemperatureScaler", "VectorScaler", "MatrixScaler", "HistogramBinning", "IsotonicCalibrator",
+    "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler", "HistogramBinning", "IsotonicCalibrator",
+    "CALIBRATORS", "make_calibrator", "calibrator_from_json", "select_calibrator", "fit_warnings",
+    "adjust_to_prior", "estimate_prior_em",
 ]
