@@ -21,9 +21,12 @@ How a DICOM folder is read (real exports are messy):
    all (no ``DICM`` preamble, e.g. ``DICOMDIR`` or a README) are skipped, but a ``.dcm`` file that
    cannot be parsed is a :class:`~lungcal.errors.DataError` naming the file;
 2. files are grouped by ``SeriesInstanceUID``; scouts/localizers (``ImageType``), secondary
-   captures (SOP class ``1.2.840.10008.5.1.4.1.1.7*``), non-CT modalities and non-axial series
-   are dropped. A missing ``Modality`` tag is tolerated;
-3. the axial CT series with the most slices wins; its slices are sorted by
+   captures (SOP class ``1.2.840.10008.5.1.4.1.1.7*``), dose reports and other non-CT modalities
+   and non-axial series are not candidates. A missing ``Modality`` tag is tolerated;
+3. the series named by ``series_uid`` (when given), else the axial CT series with the most slices
+   (then the thinnest), wins, and the choice is logged with what else the folder held (series
+   number, kind, file count: no UIDs, no paths). A folder without an axial CT series is a one-line
+   :class:`~lungcal.errors.DataError` listing what it found. The slices are sorted by
    ``ImagePositionPatient`` projected on the slice normal (never by file name or InstanceNumber);
    duplicated positions keep the first instance;
 4. a gap (a step > 1.5x the median step) is a ``DataError`` unless ``allow_gaps=True``; uneven
@@ -31,19 +34,28 @@ How a DICOM folder is read (real exports are messy):
    median step;
 5. pixel data is decoded per slice and rescaled with that slice's ``RescaleSlope`` /
    ``RescaleIntercept``. A truncated or corrupt file is a ``DataError`` naming the file.
+
+The loaded MetaTensor carries ``meta["series_info"]``: what the series checks
+(:mod:`lungcal.ct.qc`) read from the header and the slice positions (modality, image type, slice
+thickness, slice steps, gaps, duplicates, resampling; for NIfTI/MHD/NRRD only the format). It
+holds no identifier.
 """
 from __future__ import annotations
 
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+import pydicom
+import SimpleITK as sitk
 import torch
 from monai.data import ImageReader, MetaTensor
 from monai.transforms import Orientation
+from pydicom.errors import InvalidDicomError
 
 from lungcal.errors import DataError
 
@@ -54,6 +66,8 @@ __all__ = [
     "ITK_SUFFIXES",
     "is_dicom_dir",
     "read_dicom_series",
+    "DicomVolume",
+    "SERIES_INFO",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +77,17 @@ _SECONDARY_CAPTURE = "1.2.840.10008.5.1.4.1.1.7"
 _CT_SOP = "1.2.840.10008.5.1.4.1.1.2"  # CT Image Storage (+ .1 enhanced, .2 legacy converted)
 _SKIP_IMAGE_TYPES = {"LOCALIZER", "SCOUT", "SECONDARY"}
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+#: the meta key of the series information (see the module docstring)
+SERIES_INFO = "series_info"
+
+
+class DicomVolume(NamedTuple):
+    """A read DICOM series: ``array (X, Y, Z)`` float32 HU, ``affine`` 4x4 RAS mm, ``info`` (the
+    ``series_info`` dict)."""
+
+    array: np.ndarray
+    affine: np.ndarray
+    info: dict
 
 
 def _single(data: Sequence[os.PathLike] | os.PathLike | str) -> Path:
@@ -119,8 +144,6 @@ class SimpleITKReader(ImageReader):
         return all(str(n).lower().endswith(ITK_SUFFIXES) for n in names)
 
     def read(self, data: Sequence[os.PathLike] | os.PathLike, **kwargs):
-        import SimpleITK as sitk
-
         path = _single(data)
         if not path.is_file():
             raise DataError("image file not found", file=path, fix="check the path in the datalist")
@@ -132,8 +155,6 @@ class SimpleITKReader(ImageReader):
                             fix="re-export the file or remove it from the datalist") from None
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
-        import SimpleITK as sitk
-
         if img.GetDimension() != 3 or img.GetNumberOfComponentsPerPixel() != 1:
             raise DataError(f"expected a 3D scalar CT volume, got {img.GetDimension()}D with "
                             f"{img.GetNumberOfComponentsPerPixel()} component(s)",
@@ -149,7 +170,9 @@ class SimpleITKReader(ImageReader):
         out = np.empty(zyx.shape, dtype=np.float32)
         out[...] = _flipped(zyx, [2 - a for a in axes])
         arr = out.transpose(2, 1, 0)
-        return arr, _meta(affine, arr.shape)
+        meta = _meta(affine, arr.shape)
+        meta[SERIES_INFO] = {"format": "itk"}
+        return arr, meta
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,9 +184,6 @@ def is_dicom_dir(path: str | os.PathLike) -> bool:
 
 
 def _header(path: Path):
-    import pydicom
-    from pydicom.errors import InvalidDicomError
-
     try:
         return pydicom.dcmread(path)  # one read per file: the pixel bytes stay (undecoded) in memory
     except InvalidDicomError:
@@ -183,26 +203,51 @@ def _is_ct_image(ds) -> bool:
         str(getattr(ds, "Modality", "")).upper() == "CT"
 
 
-def _is_candidate(ds) -> bool:
+def _kind(ds) -> str:
+    """What a DICOM object is, in words; ``"axial CT"`` for a usable slice of an axial CT series."""
     modality = str(getattr(ds, "Modality", "CT") or "CT").upper()
+    sop = str(getattr(ds, "SOPClassUID", ""))
+    if modality == "SR" or sop.startswith("1.2.840.10008.5.1.4.1.1.88"):
+        return f"{modality} structured report (e.g. a dose report)"
+    if sop.startswith(_SECONDARY_CAPTURE):
+        return f"{modality} secondary capture"
     if modality != "CT":
-        return False
-    if str(getattr(ds, "SOPClassUID", "")).startswith(_SECONDARY_CAPTURE):
-        return False
+        return f"{modality} (not CT)"
     image_type = {str(v).upper() for v in (getattr(ds, "ImageType", None) or [])}
-    if image_type & _SKIP_IMAGE_TYPES:
-        return False
+    if image_type & {"LOCALIZER", "SCOUT"}:
+        return "CT localizer (scout)"
+    if "SECONDARY" in image_type:
+        return "CT secondary image"
     if getattr(ds, "ImagePositionPatient", None) is None or getattr(ds, "ImageOrientationPatient", None) is None:
-        return False
+        return "CT without slice geometry"
     if getattr(ds, "PixelSpacing", None) is None or "Rows" not in ds:
-        return False
+        return "CT without pixel spacing"
     iop = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
     normal = np.cross(iop[:3], iop[3:])
-    return abs(normal[2]) >= 0.8 * np.linalg.norm(normal)  # axial (tilted gantry tolerated)
+    if abs(normal[2]) < 0.8 * np.linalg.norm(normal):  # tilted gantry tolerated
+        return "CT non-axial (sagittal/coronal reformat)"
+    return "axial CT"
 
 
-def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
-                      gap_factor: float = 1.5, uneven_tol: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+def _is_candidate(ds) -> bool:
+    return _kind(ds) == "axial CT"
+
+
+def _series_label(number, kind: str, n: int) -> str:
+    num = f"#{number} " if number not in (None, "") else ""
+    return f"{num}{kind} ({n} file{'s' if n != 1 else ''})"
+
+
+def _float_tag(ds, name: str) -> float | None:
+    try:
+        v = getattr(ds, name, None)
+        return None if v in (None, "") else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False, gap_factor: float = 1.5,
+                      uneven_tol: float = 0.05, series_uid: str | None = None) -> DicomVolume:
     """Read the main axial CT series of ``folder``.
 
     Args:
@@ -212,31 +257,61 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
         gap_factor: a step larger than ``gap_factor`` x the median step counts as a gap.
         uneven_tol: relative deviation of the steps above which the slices are resampled onto a
             uniform grid at the median step.
+        series_uid: read this series (its ``SeriesInstanceUID``) instead of the axial CT series
+            with the most slices.
 
     Returns:
-        ``(array (X, Y, Z) float32 HU, affine 4x4 RAS in mm)``.
+        :class:`DicomVolume` ``(array (X, Y, Z) float32 HU, affine 4x4 RAS in mm, info)``.
     """
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError("DICOM folder not found", file=folder, fix="check the path in the datalist")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     series: dict[str, list] = defaultdict(list)
+    found: dict[str, list] = defaultdict(list)  # every DICOM series, usable or not: (kind, number)
+    n_other = 0
     for f in files:
         ds = _header(f)
         if ds is None:
+            n_other += 1
             continue
         if "PixelData" not in ds and _is_ct_image(ds):
             raise DataError("truncated CT image file (no pixel data)", file=f,
                             fix="re-export the series or delete the truncated file")
-        if not _is_candidate(ds):
+        uid = str(getattr(ds, "SeriesInstanceUID", ""))
+        kind = _kind(ds)
+        found[uid].append((kind, getattr(ds, "SeriesNumber", None)))
+        if kind != "axial CT":
             continue
-        key = str(getattr(ds, "SeriesInstanceUID", "")) + "|" + "x".join(
-            f"{v:.4f}" for v in np.asarray(ds.ImageOrientationPatient, float)) + f"|{ds.Rows}x{ds.Columns}"
+        key = uid + "|" + "x".join(f"{v:.4f}" for v in np.asarray(ds.ImageOrientationPatient, float)) + \
+            f"|{ds.Rows}x{ds.Columns}"
         series[key].append((f, ds))
-    if not series:
-        raise DataError("no axial CT series found (only scouts, non-CT or non-DICOM files)", file=folder,
+    listing = "; ".join(_series_label(v[0][1], max({k for k, _ in v}, key=[k for k, _ in v].count), len(v))
+                        for v in found.values())
+    listing = (listing or "no DICOM files") + (f"; {n_other} non-DICOM file(s)" if n_other else "")
+    if series_uid is not None:
+        chosen = [kv for kv in series.items() if kv[0].split("|", 1)[0] == str(series_uid)]
+        if not chosen:
+            what = found.get(str(series_uid))
+            raise DataError(
+                ("the requested series is not an axial CT series: it is a " + what[0][0]) if what else
+                "the requested series_uid is not in the folder", file=folder, field="series_uid",
+                fix=f"the folder holds: {listing}; name an axial CT series, or leave series_uid out")
+    else:
+        chosen = list(series.items())
+    if not chosen:
+        raise DataError(f"no axial CT series found; the folder holds: {listing}", file=folder,
                         fix="point the datalist at the folder of the axial CT series")
-    _, members = max(series.items(), key=lambda kv: len(kv[1]))
+
+    def thickness(members) -> float:
+        return _float_tag(members[0][1], "SliceThickness") or 0.0
+
+    key, members = max(chosen, key=lambda kv: (len(kv[1]), -thickness(kv[1])))
+    if len(found) > 1 or len(chosen) > 1:
+        n = getattr(members[0][1], "SeriesNumber", None)
+        log.info("DICOM folder with %d series (%s): read %s%s", len(found), listing,
+                 _series_label(n, "axial CT", len(members)),
+                 " (named by series_uid)" if series_uid is not None else " (the axial CT series with the most slices)")
     if len(members) < 2:
         raise DataError("the CT series has a single slice; a 3D volume needs at least 2", file=folder,
                         fix="export the whole series")
@@ -252,8 +327,12 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
     keep = np.concatenate([[True], np.diff(proj) > 1e-3])
     if not keep.all():
         log.warning("%d duplicated slice position(s) in the series; keeping the first of each", (~keep).sum())
+    n_dup = int((~keep).sum())
     order, proj = order[keep], proj[keep]
     members = [members[i] for i in order]
+    if len(members) < 2:
+        raise DataError("every slice of the CT series sits at the same position; a 3D volume needs at least 2",
+                        file=folder, field="ImagePositionPatient", fix="export the whole series")
     steps = np.diff(proj)
     step = float(np.median(steps))
     gaps = np.flatnonzero(steps > gap_factor * step)
@@ -284,7 +363,17 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False,
         grid = proj[0] + step * np.arange(int(round((proj[-1] - proj[0]) / step)) + 1)
         vol = _resample_z(vol, proj, grid)
         log.info("uneven slice spacing (%.3f-%.3f mm): resampled to %.3f mm", steps.min(), steps.max(), step)
-    return vol, affine_ras
+    info = {
+        "format": "dicom",
+        "modality": str(getattr(ds0, "Modality", "") or ""),
+        "image_type": [str(v) for v in (getattr(ds0, "ImageType", None) or [])],
+        "slice_thickness_mm": _float_tag(ds0, "SliceThickness"),
+        "n_files": len(members) + n_dup,
+        "n_series_in_folder": len(found),
+        "step_min_mm": float(steps.min()), "step_median_mm": step, "step_max_mm": float(steps.max()),
+        "n_gaps": int(gaps.size), "n_duplicates": n_dup, "resampled": bool(uneven),
+    }
+    return DicomVolume(vol, affine_ras, info)
 
 
 def _slice_hu(path: Path, ds, rows: int, cols: int) -> np.ndarray:
@@ -321,29 +410,34 @@ class DicomSeriesReader(ImageReader):
 
     Args:
         allow_gaps: interpolate across missing slices instead of raising :class:`DataError`.
+        series_uid: read this series instead of the axial CT series with the most slices.
     """
 
-    def __init__(self, allow_gaps: bool = False) -> None:
+    def __init__(self, allow_gaps: bool = False, series_uid: str | None = None) -> None:
         self.allow_gaps = allow_gaps
+        self.series_uid = series_uid
 
     def verify_suffix(self, filename: Sequence[os.PathLike] | os.PathLike) -> bool:
         names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
         return all(Path(n).is_dir() for n in names)
 
     def read(self, data: Sequence[os.PathLike] | os.PathLike, **kwargs):
-        return read_dicom_series(_single(data), allow_gaps=kwargs.get("allow_gaps", self.allow_gaps))
+        return read_dicom_series(_single(data), allow_gaps=kwargs.get("allow_gaps", self.allow_gaps),
+                                 series_uid=kwargs.get("series_uid", self.series_uid))
 
     def get_data(self, img) -> tuple[np.ndarray, dict]:
-        vol, affine = img
-        return vol, _meta(affine, vol.shape)
+        vol, affine, info = img
+        meta = _meta(affine, vol.shape)
+        meta[SERIES_INFO] = dict(info)
+        return vol, meta
 
 
 # --------------------------------------------------------------------------------------------
-def reader_for(path: str | os.PathLike, allow_gaps: bool = False) -> ImageReader:
+def reader_for(path: str | os.PathLike, allow_gaps: bool = False, series_uid: str | None = None) -> ImageReader:
     """The reader for ``path``: a folder is a DICOM series, a known suffix goes to SimpleITK."""
     p = Path(path)
     if p.is_dir():
-        return DicomSeriesReader(allow_gaps=allow_gaps)
+        return DicomSeriesReader(allow_gaps=allow_gaps, series_uid=series_uid)
     if str(p).lower().endswith(ITK_SUFFIXES):
         if not p.exists():
             raise DataError("image file not found", file=p, fix="check the path in the datalist")
@@ -354,18 +448,24 @@ def reader_for(path: str | os.PathLike, allow_gaps: bool = False) -> ImageReader
                     fix="use a DICOM series folder, NIfTI (.nii/.nii.gz), MHD/MHA or NRRD")
 
 
-def load_ct(path: str | os.PathLike, allow_gaps: bool = False) -> MetaTensor:
+def load_ct(path: str | os.PathLike, allow_gaps: bool = False, series_uid: str | None = None) -> MetaTensor:
     """Load a chest CT as a ``(1, X, Y, Z)`` float32 MetaTensor of HU, RAS, affine in mm.
 
     Args:
         path: a DICOM series folder, or a NIfTI / MHD / MHA / NRRD file.
         allow_gaps: DICOM only: interpolate across missing slices instead of raising.
+        series_uid: DICOM only: the ``SeriesInstanceUID`` to read when the folder holds several
+            series (default: the axial CT series with the most slices).
 
     Raises:
         DataError: missing path, unsupported type, unreadable/corrupt file (named), no axial CT
-            series, or a slice gap when ``allow_gaps`` is False.
+            series (listing what the folder holds), a ``series_uid`` that is not an axial CT series
+            of the folder, or a slice gap when ``allow_gaps`` is False.
     """
-    reader = reader_for(path, allow_gaps=allow_gaps)
+    if series_uid is not None and not Path(path).is_dir():
+        raise DataError("series_uid applies to a DICOM folder only", file=path, field="series_uid",
+                        fix="leave series_uid empty for NIfTI/MHD/NRRD files")
+    reader = reader_for(path, allow_gaps=allow_gaps, series_uid=series_uid)
     # What MONAI's LoadImage(reader, ensure_channel_first=True) does, minus its np.ascontiguousarray:
     # the readers hand out (X, Y, Z) as a transposed view of slice-contiguous memory, and a full
     # 3D transposing copy costs more than everything else here (~1.5 s for 512x512x300).
