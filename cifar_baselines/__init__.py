@@ -1,1 +1,9 @@
-"""CIFAR-10 / CIFAR-10-LT baselines on the lungcal calibration toolkit."""
+"""CIFAR-10 / CIFAR-10-LT baselines of the calibration study, as MONAI bundles on the lungcal toolkit.
+
+- ``data.py``: CIFAR-10 files, long-tailed subset, splits; ``batches.py``: CPU-seeded batch sampling, augmentation.
+- ``resnet.py``: ResNet-32; ``schedule.py``: warm-up + step learning rate; ``steps.py``: train / eval iterations.
+- ``handlers.py``: MLflow epoch metrics and the checkpoint; ``workflow.py``: the tracked stage-1 (+ TS) and LAS runs.
+- ``bundle.py`` / ``__main__.py``: ``python -m cifar_baselines bundles/<name>.json --key value``.
+
+Bundles: ``bundles/cifar10{,lt}_*.json`` (choices) + ``bundles/cifar_common.json`` (objects); see docs/cifar.md.
+"""

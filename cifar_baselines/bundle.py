@@ -3,17 +3,21 @@
 The bundle JSON is parsed with MONAI's ``ConfigParser`` (``%`` macros resolve from the current
 directory, i.e. run from the project root), top-level keys are overridden from the command line
 (values parsed as JSON, e.g. ``--lr_milestones [24,27]``, ``--subset null``), and ``run`` is
-evaluated. ``python -m monai.bundle run --config_file bundles/cifar10lt_ce.json`` works too.
+evaluated; the training log (MONAI ``StatsHandler``, one line per epoch) goes to stderr.
+``python -m monai.bundle run --config_file bundles/cifar10lt_ce.json`` works too.
 """
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lungcal.errors import ConfigError
+from monai.bundle import ConfigParser
+
+from lungcal.errors import ConfigError, LungcalError
 
 __all__ = ["load_bundle", "run_bundle", "main"]
 
@@ -21,13 +25,12 @@ __all__ = ["load_bundle", "run_bundle", "main"]
 def load_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None):
     """Parse a bundle file into a MONAI ``ConfigParser`` with ``overrides`` applied.
 
-    Keys are top-level settings (``epochs``) or nested ids (``workflow#n_bootstrap``).
+    Keys are top-level settings (``epochs``) or nested ids (``experiment#n_bootstrap``).
     """
-    from monai.bundle import ConfigParser
-
     path = Path(path)
     if not path.is_file():
-        raise ConfigError("bundle file not found", file=path, fix="run from the project root, e.g. bundles/cifar10lt_ce.json")
+        raise ConfigError("bundle file not found", file=path,
+                          fix="run from the project root, e.g. bundles/cifar10lt_ce.json")
     parser = ConfigParser()
     parser.read_config(str(path))
     parser.resolve_macro_and_relative_ids()  # expand '%' macros so nested ids can be overridden
@@ -40,8 +43,9 @@ def load_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None):
 
 
 def run_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
-    """Parse ``path`` with ``overrides`` and evaluate its ``run`` entry; returns the run's result."""
-    return load_bundle(path, overrides).get_parsed_content("run")
+    """Parse ``path`` with ``overrides`` and evaluate its ``run`` entry; returns its last item's value."""
+    result = load_bundle(path, overrides).get_parsed_content("run")
+    return result[-1] if isinstance(result, list) else result
 
 
 def _parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
@@ -62,8 +66,7 @@ def _parse_args(argv: list[str]) -> tuple[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: run a bundle, print the summary as JSON; user errors print one line, exit 2."""
-    from lungcal.errors import LungcalError
-
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
     try:
         path, over = _parse_args(list(sys.argv[1:] if argv is None else argv))
         result = run_bundle(path, over)

@@ -1,8 +1,8 @@
-"""CIFAR-10 and CIFAR-10-LT data: official pickle layout, long-tailed subset, splits, augmentation.
+"""CIFAR-10 and CIFAR-10-LT data: official pickle layout, long-tailed subset, splits (:func:`load_splits`).
 
 Everything is held as one ``uint8`` tensor ``(N, 3, 32, 32)`` plus ``int64`` labels, so a whole
-split fits in memory (150 MB for CIFAR-10) and, on CUDA, on the GPU. Augmentation works on whole
-batch tensors (no per-sample PIL, no DataLoader workers): see :func:`augment_batch`.
+split fits in memory (150 MB for CIFAR-10) and, on CUDA, on the GPU. Batches are sampled and
+augmented as whole tensors by :mod:`cifar_baselines.batches`.
 
 Splits (never the test set for model selection or temperature fitting):
 
@@ -21,21 +21,26 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from monai.apps import download_and_extract
 
-from lungcal.errors import DataError
+from lungcal.errors import ConfigError, DataError
+from lungcal.paths import default_output_dir
+from lungcal.runtime import resolve_device
 
 __all__ = [
     "CIFAR10_CLASSES", "CIFAR10_URL", "CIFAR10_MD5", "CIFAR_MEAN", "CIFAR_STD", "SHARED_MAKE_BATCHES",
-    "CifarSplits", "default_data_dir", "find_batches_dir", "download_cifar10", "load_cifar10",
-    "cifar10_lt_counts", "lt_indices", "balanced_indices", "make_splits",
-    "augment_batch", "normalize", "BatchIterator",
+    "DATASETS", "CifarSplits", "default_data_dir", "find_batches_dir", "download_cifar10", "load_cifar10",
+    "cifar10_lt_counts", "lt_indices", "balanced_indices", "make_splits", "prepare_data_dir", "load_splits",
 ]
 
+DATASETS = ("cifar10", "cifar10lt")
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
@@ -47,14 +52,9 @@ _TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 _TEST_FILES = ("test_batch",)
 
 
-def default_data_dir() -> Path:
-    """``<output_dir>/data/cifar10`` (``$LUNGCAL_HOME`` or ``./runs``)."""
-    try:
-        from lungcal.paths import default_output_dir
-        return default_output_dir() / "data" / "cifar10"
-    except ImportError:  # pragma: no cover - engine not installed yet
-        import os
-        return Path(os.environ.get("LUNGCAL_HOME", "runs")).resolve() / "data" / "cifar10"
+def default_data_dir(output_dir: str | Path | None = None) -> Path:
+    """``<output_dir>/data/cifar10``; ``output_dir`` defaults to ``$LUNGCAL_HOME`` or ``./runs``."""
+    return (Path(output_dir) if output_dir else default_output_dir()) / "data" / "cifar10"
 
 
 def _fill_hint(root: Path) -> str:
@@ -64,7 +64,8 @@ def _fill_hint(root: Path) -> str:
     if shared.is_file():
         hint = f"run `python {shared} {root}` to convert the bundled JPEG copy, or " + hint
     else:
-        hint = f"run `python ../shared/data/cifar10/make_batches.py {root}` if you have the shared JPEG copy, or " + hint
+        hint = (f"run `python ../shared/data/cifar10/make_batches.py {root}` if you have the shared JPEG copy, or "
+                + hint)
     return hint
 
 
@@ -88,8 +89,6 @@ def find_batches_dir(root: str | Path) -> Path:
 
 def download_cifar10(root: str | Path) -> Path:
     """Download and extract the official archive into ``root``, checked by md5 (needs a network)."""
-    from monai.apps import download_and_extract
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     archive = root / "cifar-10-python.tar.gz"
@@ -197,7 +196,7 @@ class CifarSplits:
     class_counts: list[int] = field(default_factory=list)
     fingerprint: str = ""
 
-    def to(self, device: str | torch.device) -> "CifarSplits":
+    def to(self, device: str | torch.device) -> CifarSplits:
         """Move every tensor (e.g. to a GPU, so batches never cross the bus)."""
         kw = {k: getattr(self, k).to(device) for k in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")}
         return CifarSplits(**kw, class_counts=self.class_counts, fingerprint=self.fingerprint)
@@ -215,6 +214,29 @@ def _subset(idx: np.ndarray, labels: np.ndarray, n: int | None, seed: int) -> np
         k = max(1, int(round(n * len(pos) / len(idx))))
         keep[rng.choice(pos, min(k, len(pos)), replace=False)] = True
     return idx[keep]
+
+
+def prepare_data_dir(data_dir: str | Path, download: bool = False, convert_shared: bool = True) -> Path:
+    """Make sure ``data_dir`` holds ``cifar-10-batches-py``; return the folder to read.
+
+    When it is missing and ``../shared/data/cifar10/make_batches.py`` exists (the JPEG copy shipped
+    beside the checkout), it is converted automatically into ``data_dir`` (about a minute, said on
+    stderr). Otherwise the official archive is downloaded only if ``download``; else a
+    :class:`DataError` names the folder and how to fill it.
+    """
+    data_dir = Path(data_dir)
+    try:
+        return find_batches_dir(data_dir)
+    except DataError:
+        if convert_shared and SHARED_MAKE_BATCHES.is_file():
+            print(f"[cifar] {data_dir} has no CIFAR-10 yet: converting the shared copy with "
+                  f"`python {SHARED_MAKE_BATCHES} {data_dir}` (about a minute)...", file=sys.stderr, flush=True)
+            data_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, str(SHARED_MAKE_BATCHES), str(data_dir)], check=True)
+            return find_batches_dir(data_dir)
+        if not download:
+            raise
+    return download_cifar10(data_dir)
 
 
 def make_splits(data_dir: str | Path, dataset: str = "cifar10", imb_factor: float = 0.01,
@@ -261,83 +283,24 @@ def make_splits(data_dir: str | Path, dataset: str = "cifar10", imb_factor: floa
                        class_counts=counts, fingerprint=h.hexdigest()[:12])
 
 
-# --------------------------------------------------------------------------------------------
-# batch augmentation (vectorised, device-agnostic)
+def load_splits(dataset: str, *, data_dir: str | Path | None = None, output_dir: str | Path | None = None,
+                download: bool = False, imb_factor: float = 0.01, val_per_class: int = 500, seed: int = 0,
+                subset: int | None = None, device: str | torch.device | None = "cpu") -> CifarSplits:
+    """The bundles' ``data`` object: :func:`make_splits` from a checked folder, moved to ``device``.
 
-def normalize(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``uint8`` images -> float, scaled to [0, 1] and standardised with the CIFAR mean/std."""
-    mean = torch.tensor(CIFAR_MEAN, device=x.device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR_STD, device=x.device, dtype=dtype).view(1, 3, 1, 1)
-    return (x.to(dtype) / 255.0 - mean) / std
+    ``data_dir`` ``None`` means :func:`default_data_dir` of ``output_dir``; an empty folder is
+    filled by :func:`prepare_data_dir`. ``device`` goes through :func:`lungcal.runtime.resolve_device`
+    (``"auto"``: CUDA when there is one), so batches never cross the bus.
 
-
-def augment_batch(x: torch.Tensor, padding: int = 4, flip: bool = True,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random crop with zero padding and horizontal flip of a whole batch, in one gather.
-
-    Args:
-        x: ``(B, C, H, W)`` images of any dtype (``uint8`` is cheapest), on CPU or GPU.
-        padding: pixels of zero padding on each side before the random ``H x W`` crop.
-        flip: mirror each image left-right with probability 1/2.
-        generator: a ``torch.Generator`` on ``x.device`` for reproducible draws.
-
-    Returns:
-        A tensor of the same shape, dtype and device.
+    Raises:
+        ConfigError: unknown ``dataset`` or a ``subset`` below 10.
+        DataError: no readable CIFAR-10 in ``data_dir``.
     """
-    b, c, h, w = x.shape
-    dev = x.device
-    xp = torch.nn.functional.pad(x, (padding,) * 4) if padding else x
-    oy = torch.randint(0, 2 * padding + 1, (b,), device=dev, generator=generator)
-    ox = torch.randint(0, 2 * padding + 1, (b,), device=dev, generator=generator)
-    rows = oy[:, None] + torch.arange(h, device=dev)  # (B, H)
-    cols = ox[:, None] + torch.arange(w, device=dev)  # (B, W)
-    if flip:
-        mirror = torch.rand(b, device=dev, generator=generator) < 0.5
-        cols = torch.where(mirror[:, None], cols.flip(1), cols)
-    bi = torch.arange(b, device=dev)[:, None, None, None]
-    ci = torch.arange(c, device=dev)[None, :, None, None]
-    return xp[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
-
-
-class BatchIterator:
-    """Shuffled, augmented, normalised batches straight from resident ``uint8`` tensors.
-
-    One epoch = one pass over a seeded permutation (the last, smaller batch is kept unless
-    ``drop_last``). With ``sampler="balanced"`` each epoch draws ``len(x)`` indices with class-
-    balanced probabilities (used by the LAS stage).
-    """
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, augment: bool = True,
-                 seed: int = 0, drop_last: bool = False, sampler: str = "shuffle",
-                 channels_last: bool = False, dtype: torch.dtype = torch.float32) -> None:
-        self.x, self.y, self.batch_size, self.augment = x, y, int(batch_size), augment
-        self.drop_last, self.sampler, self.channels_last, self.dtype = drop_last, sampler, channels_last, dtype
-        self.generator = torch.Generator(device=x.device).manual_seed(seed)
-        if sampler not in ("shuffle", "balanced", "sequential"):
-            raise ValueError(f"unknown sampler {sampler!r}")
-
-    def __len__(self) -> int:
-        n = len(self.x)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def _order(self) -> torch.Tensor:
-        n, dev = len(self.x), self.x.device
-        if self.sampler == "sequential":
-            return torch.arange(n, device=dev)
-        if self.sampler == "balanced":
-            counts = torch.bincount(self.y).to(torch.float64)
-            w = (1.0 / counts.clamp_min(1))[self.y]
-            return torch.multinomial(w, n, replacement=True, generator=self.generator)
-        return torch.randperm(n, device=dev, generator=self.generator)
-
-    def __iter__(self):
-        order = self._order()
-        for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            xb = self.x[idx]
-            if self.augment:
-                xb = augment_batch(xb, generator=self.generator)
-            xb = normalize(xb, self.dtype)
-            if self.channels_last:
-                xb = xb.contiguous(memory_format=torch.channels_last)
-            yield xb, self.y[idx]
+    if dataset not in DATASETS:
+        raise ConfigError(f"unknown dataset {dataset!r}", field="dataset", fix=f"use one of {', '.join(DATASETS)}")
+    if subset is not None and int(subset) < 10:
+        raise ConfigError(f"subset={subset} is too small", field="subset", fix="use >= 10 or null")
+    folder = prepare_data_dir(data_dir or default_data_dir(output_dir), download=download)
+    splits = make_splits(folder, dataset, imb_factor=imb_factor, val_per_class=int(val_per_class), seed=int(seed),
+                         subset=None if subset is None else int(subset))
+    return splits.to(resolve_device(device))
