@@ -98,10 +98,10 @@ DATASETS: dict[str, DatasetSpec] = {
         presets={"reduced": {"epochs": 6}, "full": {}},
         las_presets={"reduced": {"epochs": 15}, "full": {}}, accepts_datalist=True),
     "cifar10": DatasetSpec(
-        "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "parent_run",
+        "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "stage1_run_id",
         presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
     "cifar10lt": DatasetSpec(
-        "cifar10lt", "cifar10lt_{stage1}.json", "cifar10lt_las.json", "parent_run",
+        "cifar10lt", "cifar10lt_{stage1}.json", "cifar10lt_las.json", "stage1_run_id",
         presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
 }
 
