@@ -143,6 +143,13 @@ def _nll(z: torch.Tensor, y: torch.Tensor) -> float:
     return float(np.mean(lse - zn[np.arange(zn.shape[0]), yn]))
 
 
+def _softmax_np(z: np.ndarray) -> np.ndarray:
+    """Row softmax in float64 numpy (calibration inputs are small: numpy avoids torch's thread
+    start-up, which dominates on a loaded machine)."""
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
 def _plain(v: Any) -> Any:
     """JSON-able copy: tensors / arrays -> lists, numpy scalars -> Python, nan / inf -> None."""
     if isinstance(v, torch.Tensor):
@@ -190,7 +197,7 @@ def _signal_test(z: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     smallest class p-value times C (Bonferroni).
     """
     zn, yn = z.numpy(), y.numpy()
-    scores = [zn[:, 1] - zn[:, 0]] if zn.shape[1] == 2 else list(torch.log_softmax(z, 1).numpy().T)
+    scores = [zn[:, 1] - zn[:, 0]] if zn.shape[1] == 2 else list(np.log(_softmax_np(zn)).T)
     classes = [1] if zn.shape[1] == 2 else range(zn.shape[1])
     aucs, pvals = [], []
     for k, s in zip(classes, scores, strict=True):
@@ -395,7 +402,7 @@ class _Calibrator:
     def predict_proba(self, logits):
         """Calibrated probabilities: ``(N, C)`` rows summing to 1, or ``(N,)`` p(y=1) for ``(N,)`` input."""
         z, as_np, one_d = self._prep(logits)
-        p = torch.softmax(self._transform(z), dim=1)
+        p = torch.from_numpy(_softmax_np(self._transform(z).numpy()))
         return _back(p[:, 1] if one_d else p, as_np, logits)
 
     def __call__(self, logits):
@@ -784,7 +791,7 @@ class HistogramBinning(_Calibrator):
         """Fit the per-class bin frequencies; returns self."""
         z, yt = self._fit_inputs(logits, labels)
         y = yt.numpy()
-        p = torch.softmax(z, 1).numpy()
+        p = _softmax_np(z.numpy())
         n, c = p.shape
         idx = self._bins(p) + np.arange(c)[None, :] * self.n_bins  # (N, C) flat bin ids
         hit = (y[:, None] == np.arange(c)[None, :]).astype(np.float64)
@@ -798,7 +805,7 @@ class HistogramBinning(_Calibrator):
         return self
 
     def _transform(self, z):
-        p = torch.softmax(z, 1).numpy()
+        p = _softmax_np(z.numpy())
         idx = torch.as_tensor(self._bins(p))
         cal = torch.gather(self.bin_values, 1, idx.T).T  # (N, C)
         return _normalise_log(cal)
@@ -835,7 +842,7 @@ class IsotonicCalibrator(_Calibrator):
         """Fit one isotonic map per class; returns self."""
         z, yt = self._fit_inputs(logits, labels)
         y = yt.numpy()
-        p = torch.softmax(z, 1).numpy()
+        p = _softmax_np(z.numpy())
         self.x, self.y = [], []
         for k in range(p.shape[1]):  # loop over classes only; each fit is vectorised
             ux, inv = np.unique(p[:, k], return_inverse=True)
@@ -848,7 +855,7 @@ class IsotonicCalibrator(_Calibrator):
         return self
 
     def _transform(self, z):
-        p = torch.softmax(z, 1).numpy()
+        p = _softmax_np(z.numpy())
         cal = np.stack([np.interp(p[:, k], self.x[k].numpy(), self.y[k].numpy())
                         for k in range(self.n_classes)], axis=1)
         return _normalise_log(torch.as_tensor(cal, dtype=torch.float64))
