@@ -35,8 +35,9 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.paths import default_output_dir
+from lungcal.tracking.liveness import reap_orphaned_runs
 from lungcal.tracking.names import TAG_DATASET, TAG_REPORT, TAG_STAGE1, TAG_STAGE2
-from lungcal.tracking.tracker import default_tracking_uri
+from lungcal.tracking.tracker import check_tracking_uri, default_tracking_uri
 
 __all__ = [
     "STAGE1_ORDER",
@@ -152,6 +153,7 @@ def load_published(path: str | Path | None = None) -> dict[str, dict[tuple[str, 
 
 
 def _client(tracking_uri: str | None):
+    check_tracking_uri(tracking_uri or default_tracking_uri())
     return MlflowClient(tracking_uri=tracking_uri or default_tracking_uri())
 
 
@@ -174,10 +176,13 @@ def collect_tables(experiment: str, *, tracking_uri: str | None = None, split: s
 
     A run contributes when it is FINISHED, carries a ``lungcal.stage1`` tag and logged
     ``{split}/ece``; report runs are ignored. Of several runs of the same configuration the most
-    recent one is used (``Cell.n_runs`` counts them).
+    recent one is used (``Cell.n_runs`` counts them). Runs left RUNNING by a process that died are
+    first marked KILLED (:func:`lungcal.tracking.liveness.reap_orphaned_runs`), so the store tells
+    the truth in the UI too.
     """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment)
+    reap_orphaned_runs(client, [exp_id])
     published = load_published() if published is None else published
     cells: dict[str, dict[tuple[str, str], Cell]] = {}
     page_token = None

@@ -17,6 +17,11 @@ __all__ = [
     "TAG_REPORT",
     "TAG_STUDY_KEY",
     "TAG_STUDY_PRESET",
+    "TAG_OWNER_PID",
+    "TAG_OWNER_HOST",
+    "TAG_OWNER_START",
+    "TAG_ENDED_BY",
+    "TAG_RESUMED_FROM",
     "MLFLOW_PARENT",
     "MLFLOW_EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TRAINING",
@@ -39,6 +44,15 @@ TAG_REPORT = "lungcal.report"
 #: a study job's identity and preset (see :mod:`lungcal.study.runner`).
 TAG_STUDY_KEY = "lungcal.study_key"
 TAG_STUDY_PRESET = "lungcal.study_preset"
+
+#: the process that owns a run (see :mod:`lungcal.tracking.liveness`), and who ended it when the
+#: owner died (``reaper``).
+TAG_OWNER_PID = "lungcal.owner.pid"
+TAG_OWNER_HOST = "lungcal.owner.host"
+TAG_OWNER_START = "lungcal.owner.start"
+TAG_ENDED_BY = "lungcal.ended_by"
+#: the epoch a resumed run continued from.
+TAG_RESUMED_FROM = "lungcal.resumed_from_epoch"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"

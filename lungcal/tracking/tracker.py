@@ -19,12 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import matplotlib.pyplot as plt
 import torch
@@ -33,6 +36,7 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.errors import TrackingError
 from lungcal.paths import default_output_dir
+from lungcal.tracking.liveness import owner_tags, reap_orphaned_runs
 from lungcal.tracking.names import EXPERIMENT_KIND_TRAINING, MLFLOW_EXPERIMENT_KIND, MLFLOW_PARENT, TAG_PARENT
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "privacy_filter",
     "file_digest",
     "RunTracker",
+    "check_tracking_uri",
 ]
 
 logger = logging.getLogger(__name__)
@@ -141,6 +146,40 @@ def file_digest(path: str | Path, n: int = 16) -> str:
     return h.hexdigest()[:n]
 
 
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Refuse, in one line, a store that cannot work: an unknown scheme, or a server that does not answer.
+
+    ``sqlite:///`` gets its folder created; an ``http(s)://`` server must accept a TCP connection
+    within ``timeout`` seconds (MLflow's own client would retry for minutes).
+
+    Raises:
+        TrackingError: naming the URI and the fix.
+    """
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri[len("sqlite:///"):]).expanduser().parent
+        fix = "pass --tracking_uri sqlite:///<a writable folder>/mlflow.db"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrackingError(f"cannot create the MLflow store's folder for {uri!r}: {exc.strerror}", file=folder,
+                                field="tracking_uri", fix=fix) from exc
+        if not os.access(folder, os.W_OK):
+            raise TrackingError(f"the MLflow store's folder is not writable ({uri!r})", file=folder,
+                                field="tracking_uri", fix=fix)
+        return
+    if not re.match(r"^(https?|databricks|postgresql|mysql|mssql)", uri):
+        raise TrackingError(f"unsupported MLflow tracking URI {uri!r}", field="tracking_uri",
+                            fix="use sqlite:///<abs path>/mlflow.db, postgresql://..., or an http(s):// server")
+    if uri.startswith(("http://", "https://")):
+        url = urlsplit(uri)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname or "localhost", port), timeout=timeout).close()
+        except OSError as exc:
+            raise TrackingError(f"MLflow server {uri!r} does not answer ({exc.strerror or exc})", field="tracking_uri",
+                                fix="start the server (mlflow server ...) or check the address and port") from exc
+
+
 def _clean_key(key: str) -> str:
     return _KEY_BAD.sub("_", str(key))[:250]
 
@@ -170,26 +209,30 @@ class RunTracker:
         tracking_uri: str | None = None,
         tags: Mapping[str, str] | None = None,
         parent_run_id: str | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri or default_tracking_uri()
-        if self.tracking_uri.startswith("sqlite:///"):
-            Path(self.tracking_uri[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        elif not re.match(r"^(https?|databricks|postgresql|mysql|mssql)", self.tracking_uri):
-            raise TrackingError(
-                f"unsupported MLflow tracking URI {self.tracking_uri!r}",
-                field="tracking_uri",
-                fix="use sqlite:///<abs path>/mlflow.db or an http(s):// tracking server",
-            )
+        check_tracking_uri(self.tracking_uri)
         self.experiment_name = experiment
         self.run_name = run_name
         try:
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             self.experiment_id = self._get_or_create_experiment(experiment)
+            try:
+                reap_orphaned_runs(self.client, [self.experiment_id])
+            except Exception:  # noqa: BLE001 - housekeeping must never stop a run
+                logger.debug("could not check for orphaned runs", exc_info=True)
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
+            all_tags.update(owner_tags())
             if parent_run_id:
                 all_tags[TAG_PARENT] = parent_run_id
                 all_tags[MLFLOW_PARENT] = parent_run_id
-            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
+            if run_id:  # resume: the same run goes back to RUNNING under this process
+                run = self.client.get_run(run_id)
+                self.client.update_run(run_id, status="RUNNING")
+                self.client.log_batch(run_id, tags=[RunTag(_clean_key(k), v) for k, v in all_tags.items()])
+            else:
+                run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
         except TrackingError:
             raise
         except Exception as exc:  # noqa: BLE001 - any backend failure is a tracking error
@@ -200,6 +243,7 @@ class RunTracker:
             ) from exc
         self.run_id: str = run.info.run_id
         self.parent_run_id = parent_run_id
+        self.resumed = bool(run_id)
         self._closed = False
 
     # ------------------------------------------------------------------ setup
