@@ -324,7 +324,8 @@ def fit_warnings(calibrator: _Calibrator, logits, labels) -> list[str]:
     """Why a fitted calibrator is "no signal" rather than a result, as short sentences.
 
     Checks the calibrator's ``fit_info`` (a parameter on its bound, e.g. ``"temperature at its
-    bound 100: no signal"``; a fit that did not converge; a Platt slope <= 0) and the fit split
+    bound 100: no signal"``, or at 0.01: separated classes; a fit that did not converge; a Platt
+    slope <= 0) and the fit split
     itself: its AUC is "~ chance" when the two-sided Mann-Whitney p-value of the logits is
     >= :data:`CHANCE_P`, and its CIs are wide when the rarer class has fewer than
     :data:`FEW_EVENTS` cases. An empty list means nothing to flag.
@@ -338,7 +339,9 @@ def fit_warnings(calibrator: _Calibrator, logits, labels) -> list[str]:
     out = []
     info = calibrator.fit_info
     if isinstance(calibrator, TemperatureScaler) and info.get("at_bound"):
-        out.append(f"temperature at its bound {calibrator.temperature:.3g}: no signal")
+        t = calibrator.temperature
+        why = "no signal" if t > 1 else "the classes are (nearly) separated on the fit split: not a result"
+        out.append(f"temperature at its bound {t:.3g}: {why}")
     elif info.get("at_bound"):
         out.append(f"{calibrator.name}: a parameter is at its bound: no signal")
     if not info.get("converged", True):

@@ -365,6 +365,13 @@ def test_fit_warnings_flag_no_signal_and_few_events():
     warns = fit_warnings(ts, z, y)
     assert any(w.startswith("temperature at its bound 100") and "no signal" in w for w in warns)
     assert any("~ chance" in w for w in warns)
+    # separated classes with timid logits: T runs to its lower bound
+    zs = np.r_[np.linspace(-1e-3, -1e-4, 150), np.linspace(1e-4, 1e-3, 150)]
+    ys = (zs > 0).astype(int)
+    ts_low = TemperatureScaler().fit(zs, ys)
+    assert ts_low.fit_info["at_bound"] and ts_low.temperature == pytest.approx(0.01, rel=1e-2)
+    assert any(w.startswith("temperature at its bound 0.01") and "separated" in w
+               for w in fit_warnings(ts_low, zs, ys))
     # a model with signal and enough events: nothing to flag
     logits, y2, _ = _binary(n=3000, seed=5, slope=1.0, shift=0.0)
     ts2 = TemperatureScaler().fit(logits, y2)
