@@ -9,6 +9,7 @@ from lungcal.calibration import metrics as M
 from lungcal.calibration.handlers import CalibrationMetrics
 
 monai_engines = pytest.importorskip("monai.engines")
+monai_data = pytest.importorskip("monai.data")
 
 
 def _data(n=64, c=2, seed=0):
@@ -41,11 +42,9 @@ def test_metric_over_batches_equals_whole_epoch():
 
 
 def test_in_monai_supervised_evaluator():
-    from monai.data import DataLoader, Dataset
-
     x, y = _data(48)
     data = [{"image": x[i], "label": y[i]} for i in range(48)]
-    loader = DataLoader(Dataset(data), batch_size=16, shuffle=False)
+    loader = monai_data.DataLoader(monai_data.Dataset(data), batch_size=16, shuffle=False)
     torch.manual_seed(0)
     net = torch.nn.Linear(4, 2)
     evaluator = monai_engines.SupervisedEvaluator(

@@ -51,8 +51,10 @@ def test_focal_alpha():
     z = torch.tensor([[0.3, -0.2], [1.0, 2.0]], dtype=torch.float64)
     y = torch.tensor([0, 1])
     ce = F.cross_entropy(z, y, reduction="none")
-    torch.testing.assert_close(FocalLoss(0.0, alpha=0.25, reduction="none")(z, y), ce * torch.tensor([0.75, 0.25], dtype=torch.float64))
-    torch.testing.assert_close(FocalLoss(0.0, alpha=[2.0, 3.0], reduction="none")(z, y), ce * torch.tensor([2.0, 3.0], dtype=torch.float64))
+    torch.testing.assert_close(FocalLoss(0.0, alpha=0.25, reduction="none")(z, y),
+                               ce * torch.tensor([0.75, 0.25], dtype=torch.float64))
+    torch.testing.assert_close(FocalLoss(0.0, alpha=[2.0, 3.0], reduction="none")(z, y),
+                               ce * torch.tensor([2.0, 3.0], dtype=torch.float64))
     with pytest.raises(ConfigError):
         FocalLoss(-1.0)
 
