@@ -13,6 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lungcal.calibration.metrics import calibration_report
+from lungcal.calibration.plots import reliability_diagram
+from lungcal.paths import atomic_write
+
 __all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
 
 
@@ -24,8 +28,6 @@ def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
 
 def evaluate_probs(probs, labels, *, n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
     """``lungcal.calibration.metrics.calibration_report`` on ``(N, C)`` probabilities."""
-    from lungcal.calibration.metrics import calibration_report
-
     return calibration_report(np.asarray(probs), np.asarray(labels), n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
 
 
@@ -47,8 +49,7 @@ def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, 
         header += ["top_attention", "top_slot"]
         if candidates is not None:
             header += ["top_x_mm", "top_y_mm", "top_z_mm", "top_score"]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         for i, subj in enumerate(subjects):
@@ -65,7 +66,6 @@ def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, 
                     else:
                         row += ["", "", "", ""]
             w.writerow(row)
-    os.replace(tmp, path)
     return path
 
 
@@ -73,12 +73,11 @@ def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, 
               subjects: Sequence[str] | None = None, attention=None, candidates=None,
               workdir: str | os.PathLike, title: str = "") -> None:
     """Log a split's report (``{split}/{metric}``), reliability diagram and predictions CSV."""
-    from lungcal.calibration.plots import reliability_diagram
-
     tracker.log_report(split, report)
     fig = reliability_diagram(np.asarray(probs), np.asarray(labels), n_bins=n_bins,
                               title=f"{title} {split}".strip())
     tracker.log_figure(fig, f"plots/{split}_reliability.png")
     if subjects is not None:
-        p = write_predictions(Path(workdir) / f"{split}_predictions.csv", subjects, labels, probs, attention, candidates)
+        p = write_predictions(Path(workdir) / f"{split}_predictions.csv", subjects, labels, probs, attention,
+                              candidates)
         tracker.log_artifact(p, "predictions")

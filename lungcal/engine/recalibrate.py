@@ -21,59 +21,41 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-import numpy as np
 import torch
 
-from lungcal.errors import ConfigError, DataError
-from lungcal.paths import default_output_dir
+from lungcal.calibration.metrics import ece_consistency_pvalue
+from lungcal.calibration.scaling import TemperatureScaler
+from lungcal.candidates.cache import build_bags
+from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
+from lungcal.engine.bagset import BagSet
+from lungcal.engine.checkpoint import load_stage1
+from lungcal.engine.cohort import load_split
+from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
+from lungcal.engine.predict import predict
+from lungcal.engine.summary import with_ci
+from lungcal.errors import DataError
+from lungcal.paths import atomic_write_text, default_output_dir
+from lungcal.tracking import (
+    CT_EXPERIMENT,
+    TAG_DATASET,
+    TAG_RECALIBRATION,
+    TAG_SITE,
+    TAG_STAGE1,
+    TAG_STAGE2,
+    RunTracker,
+    default_tracking_uri,
+    file_digest,
+    linked_temperature,
+)
 
-__all__ = ["recalibrate", "format_summary", "load_stage1_model"]
-
-EXPERIMENT = "nlst"
-
-
-def load_stage1_model(model: str, tracking_uri: str):
-    """Load a stage-1 model from an MLflow run id or a checkpoint file.
-
-    Returns:
-        ``(network in eval mode, checkpoint dict, run or None)``.
-
-    Raises:
-        ConfigError: the file is not a lungcal checkpoint, or the run id is unknown / has no
-            ``checkpoint/best.pt`` artifact.
-    """
-    from mlflow.tracking import MlflowClient
-
-    from lungcal.engine.workflow import find_stage1_run, load_checkpoint
-    from lungcal.mil.models import build_mil_model
-
-    run = None
-    p = Path(model).expanduser()
-    if p.suffix in (".pt", ".pth") or p.exists():
-        ck = load_checkpoint(p)
-    else:
-        run = find_stage1_run(tracking_uri, model)
-        if run.data.tags.get("lungcal.stage2", "none") not in ("none", ""):
-            raise ConfigError(f"run {model} is a stage-2 ({run.data.tags['lungcal.stage2']}) run", field="--model",
-                              fix="pass the stage-1 run (its lungcal.parent_run tag names it)")
-        try:
-            local = MlflowClient(tracking_uri).download_artifacts(run.info.run_id, "checkpoint/best.pt")
-        except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"stage-1 run {model} has no checkpoint/best.pt artifact", field="--model",
-                              fix="pick a FINISHED run of a bundles/nlst_*.json stage-1 bundle") from exc
-        ck = load_checkpoint(local)
-    net = build_mil_model(**dict(ck["model_config"]))
-    net.load_state_dict(ck["state_dict"])
-    net.eval()
-    return net, ck, run
+__all__ = ["recalibrate", "format_summary"]
 
 
 def _site_rows(datalist: Path) -> tuple[list[dict], list[dict], str]:
-    from lungcal.data.manifest import load_manifest, rows_for_split
-
     rows = load_manifest(datalist)
     val, test = rows_for_split(rows, "val"), rows_for_split(rows, "test")
     for name, part in (("val", val), ("test", test)):
@@ -84,16 +66,13 @@ def _site_rows(datalist: Path) -> tuple[list[dict], list[dict], str]:
                                 "then check with lungcal check-data")
         if labels != {0, 1}:
             raise DataError(f"the '{name}' split holds only label(s) {sorted(labels)}", file=datalist, field="label",
-                            fix=f"the {name} split needs cancer and non-cancer CTs; re-split the site with more subjects")
+                            fix=f"the {name} split needs cancer and non-cancer CTs; "
+                                "re-split the site with more subjects")
     sites = sorted({str(r.get("site")) for r in rows if r.get("site")})
     return val, test, ",".join(sites) or "unknown"
 
 
 def _predict(net, rows, bag_params, cache_dir: Path, num_workers: int, batch_size: int = 16) -> dict[str, Any]:
-    from lungcal.candidates.cache import build_bags
-    from lungcal.engine.stage1 import predict
-    from lungcal.engine.workflow import BagSet, load_split
-
     built = build_bags(rows, bag_params, cache_dir, num_workers=num_workers)
     split = load_split(built)
     loader = torch.utils.data.DataLoader(BagSet(split["bags"], split["mask"], split["labels"]),
@@ -104,7 +83,7 @@ def _predict(net, rows, bag_params, cache_dir: Path, num_workers: int, batch_siz
     return out
 
 
-def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, experiment: str = EXPERIMENT,
+def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, experiment: str = CT_EXPERIMENT,
                 n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0, tracking_uri: str | None = None,
                 output_dir: str | Path | None = None, num_workers: int = 0, log: bool = True) -> dict[str, Any]:
     """Fit temperature scaling on a site's validation split and evaluate its test split.
@@ -128,20 +107,14 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
         reports come from ``calibration_report`` (fractions); ``reference`` scores the test split
         with the stage-1 run's own (reference-site) temperature, when it has one.
     """
-    from lungcal.calibration.metrics import ece_consistency_pvalue
-    from lungcal.data.manifest import manifest_source
-    from lungcal import tracking
-    from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-    from lungcal.calibration.scaling import TemperatureScaler
-
     datalist = Path(datalist).expanduser()
     if not datalist.is_file():
         raise DataError("datalist not found", file=datalist, field="--datalist",
                         fix="create it with `lungcal import-site`, then run `lungcal check-data`")
     out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
-    uri = tracking_uri or tracking.default_tracking_uri(out_dir)
-    net, ck, run = load_stage1_model(str(model), uri)
-    bag_params = json.loads(ck["bag_params"]) if isinstance(ck.get("bag_params"), str) else dict(ck.get("bag_params") or {})
+    uri = tracking_uri or default_tracking_uri(out_dir)
+    stage1 = load_stage1(str(model), uri, field="--model")
+    net, run, bag_params = stage1.network, stage1.run, stage1.bag_params
     val_rows, test_rows, site_from_rows = _site_rows(datalist)
     site = site or site_from_rows
     cache = out_dir / "cache" / "bags"
@@ -154,7 +127,7 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     p_after = probabilities(test["logits"], temp)
     before = evaluate_probs(p_before, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
     after = evaluate_probs(p_after, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
-    ref_temp = tracking.linked_temperature(uri, run) if run is not None else None
+    ref_temp = linked_temperature(uri, run) if run is not None else None
     p_ref = probabilities(test["logits"], ref_temp) if ref_temp is not None else None
     reference = (evaluate_probs(p_ref, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
                  if p_ref is not None else None)
@@ -167,20 +140,20 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
     val_before = evaluate_probs(probabilities(val["logits"]), val["labels"], n_bins=n_bins, n_bootstrap=0)
     val_after = evaluate_probs(probabilities(val["logits"], temp), val["labels"], n_bins=n_bins, n_bootstrap=0)
 
-    parent = run.info.run_id if run is not None else None
-    stage1 = run.data.tags.get(tracking.TAG_STAGE1, "unknown") if run is not None else str(ck.get("method", "checkpoint"))
+    parent = stage1.run_id
+    stage1_name = stage1.stage1_name(TAG_STAGE1)
     result = {"before": before, "reference": reference, "after": after, "temperature": temp,
               "reference_temperature": ref_temp, "run_id": None, "parent_run": parent,
-              "stage1": stage1, "site": site, "n_val": len(val_rows), "n_test": len(test_rows), "tracking_uri": uri}
+              "stage1": stage1_name, "site": site, "n_val": len(val_rows), "n_test": len(test_rows),
+              "tracking_uri": uri}
     if not log:
         return result
     source = manifest_source(datalist)
-    tags = {tracking.TAG_DATASET: source, tracking.TAG_STAGE1: stage1, tracking.TAG_STAGE2: "ts", tracking.TAG_SITE: site,
-            tracking.TAG_RECALIBRATION: "local"}
-    name = f"{stage1}+ts@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with tracking.RunTracker(experiment, name, tracking_uri=uri, tags=tags, parent_run_id=parent) as tr:
+    tags = {TAG_DATASET: source, TAG_STAGE1: stage1_name, TAG_STAGE2: "ts", TAG_SITE: site, TAG_RECALIBRATION: "local"}
+    name = f"{stage1_name}+ts@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
+    with RunTracker(experiment, name, tracking_uri=uri, tags=tags, parent_run_id=parent) as tr:
         params = {"stage2": "ts", "fit_split": "val", "model": parent or "checkpoint", "site": site,
-                  "datalist": {"source": source, "sha256": tracking.file_digest(datalist)},
+                  "datalist": {"source": source, "sha256": file_digest(datalist)},
                   "n_val": len(val_rows), "n_test": len(test_rows), "n_bins": n_bins, "n_bootstrap": n_bootstrap,
                   "bag_params": bag_params, "retrained": False}
         tr.log_params(params)
@@ -191,22 +164,17 @@ def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, ex
                         "val/ece_before": val_before["ece"], "val/ece": val_after["ece"]})
         work = out_dir / "recalibration" / tr.run_id
         log_split(tr, "test_uncalibrated", p_before, test["labels"], before, n_bins=n_bins,
-                  subjects=test["subjects"], attention=test["attention"], workdir=work, title=f"{stage1} @ {site}")
+                  subjects=test["subjects"], attention=test["attention"], workdir=work, title=f"{stage1_name} @ {site}")
         if reference is not None:
             log_split(tr, "test_reference_ts", p_ref, test["labels"], reference, n_bins=n_bins, workdir=work,
-                      title=f"{stage1}+reference TS @ {site}")
+                      title=f"{stage1_name}+reference TS @ {site}")
         log_split(tr, "test", p_after, test["labels"], after, n_bins=n_bins, subjects=test["subjects"],
-                  attention=test["attention"], workdir=work, title=f"{stage1}+TS @ {site}")
-        work.mkdir(parents=True, exist_ok=True)
-        cal = work / "temperature.json"
-        cal.write_text(json.dumps({"temperature": temp, "stage1_run": parent, "fit_split": "val", "site": site}))
+                  attention=test["attention"], workdir=work, title=f"{stage1_name}+TS @ {site}")
+        state = {"temperature": temp, "stage1_run": parent, "fit_split": "val", "site": site}
+        cal = atomic_write_text(work / "temperature.json", json.dumps(state))
         tr.log_artifact(cal, "calibrator")
         result["run_id"] = tr.run_id
     return result
-
-
-def _ci(r: Mapping[str, Any], k: str) -> str:
-    return f"{r[k]:.3f} [{r.get(k + '_ci_low', float('nan')):.3f}, {r.get(k + '_ci_high', float('nan')):.3f}]"
 
 
 def format_summary(res: Mapping[str, Any]) -> str:
@@ -216,10 +184,12 @@ def format_summary(res: Mapping[str, Any]) -> str:
     lines = [f"== lungcal recalibrate: site {res['site']} (val n={res['n_val']}, test n={res['n_test']}) ==",
              f"  temperature   {res['temperature']:.3f} (fitted on the site's val split; no retraining)"]
     if r is not None:
-        lines.append(f"  reference T   {res['reference_temperature']:.3f} (fitted by the stage-1 run on its own val split)")
+        lines.append(f"  reference T   {res['reference_temperature']:.3f} "
+                     "(fitted by the stage-1 run on its own val split)")
+
     def row(name, rep):
         pv = rep.get("ece_pvalue")
-        return (f"  {name:<13} {_ci(rep, 'ece'):<24} {_ci(rep, 'auc'):<24} {rep['acc']:<9.3f}"
+        return (f"  {name:<13} {with_ci(rep, 'ece'):<24} {with_ci(rep, 'auc'):<24} {rep['acc']:<9.3f}"
                 + (f"{pv:.3f}" if pv is not None else "")).rstrip()
 
     lines += [f"  {'':<13} {'test ECE':<24} {'test AUC':<24} {'test ACC':<9}p(calibrated)", row("uncalibrated", b)]

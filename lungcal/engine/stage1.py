@@ -1,348 +1,166 @@
-"""Stage 1: train an attention-MIL model with MONAI ``SupervisedTrainer`` / ``SupervisedEvaluator``.
+"""The run step of the stage-1 CT bundles (``bundles/nlst_*.json``, id ``workflow``).
 
-The pieces are small functions so that bundles (and ``cifar_baselines``) can reuse them:
+Everything it runs is built by the bundle (``network``, ``train#trainer`` with its handlers,
+``validate#evaluator``, ``cohort``); this step only adds what a config cannot say in order: open
+the MLflow run, bind the checkpoint and epoch-logging handlers to it, train, reload the best
+checkpoint, evaluate the test split with bootstrap CIs, run the post-hoc calibrators
+(:mod:`lungcal.engine.posthoc`) and print the summary.
 
-- :func:`make_loss` turns a loss name into a module from :mod:`lungcal.calibration.losses`;
-- :class:`MILPrepareBatch` feeds ``(bags, mask)`` to the network (MONAI's default only passes
-  one input);
-- :class:`MILTrainStep` / :class:`MILEvalStep` are the engines' ``iteration_update``: the
-  network returns ``(logits, attention)``; mixup (bag-level in input space, or in feature space
-  on pooled features) happens here;
-- :func:`warmup_cosine` is the per-iteration LR schedule;
-- :class:`AtomicCheckpoint` keeps ``best.pt`` (by validation AUC) and ``last.pt`` with atomic
-  writes, so a crash never leaves a half-written checkpoint;
-- :func:`build_trainer` / :func:`build_evaluator` assemble the engines.
+Reproducibility: the bundle seeds the global RNG before it builds the network (``initialize``);
+this step seeds it again just before training, as the name-based bundles did, and the loaders,
+the augmentation and the mixup draws use their own seeded generators.
 """
 from __future__ import annotations
 
-import logging
-import math
+import json
 import os
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from lungcal.engine.bundle_config import active_config, hyperparameters, resolved_section, unused_keys
+from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
+from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
+from lungcal.engine.handlers import AtomicCheckpoint, EpochMetricsLogger
+from lungcal.engine.posthoc import run_post_hoc
+from lungcal.engine.predict import predict
+from lungcal.engine.summary import summary_lines
 from lungcal.errors import ConfigError
+from lungcal.runtime import resolve_device, seed_everything
+from lungcal.tracking import (
+    CT_EXPERIMENT,
+    TAG_DATASET,
+    TAG_SITE,
+    TAG_STAGE1,
+    TAG_STAGE2,
+    RunTracker,
+    default_tracking_uri,
+)
 
-__all__ = [
-    "LOSSES",
-    "make_loss",
-    "MILPrepareBatch",
-    "MILTrainStep",
-    "MILEvalStep",
-    "warmup_cosine",
-    "atomic_torch_save",
-    "AtomicCheckpoint",
-    "EpochMetricsLogger",
-    "build_trainer",
-    "build_evaluator",
-    "predict",
-]
+__all__ = ["PRIVATE_KEYS", "Stage1Run"]
 
-logger = logging.getLogger(__name__)
-
-LOSSES = ("ce", "focal", "focal_adaptive")
+#: bundle keys never logged as they are (paths may carry identifiers); the datalist is logged as source + hash
+PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint")
 
 
-def make_loss(name: str, *, gamma: float = 2.0, alpha: float | Sequence[float] | None = None) -> nn.Module:
-    """A stage-1 loss taking logits and class indices or soft targets.
+class Stage1Run:
+    """Train, test and post-hoc calibrate one stage-1 model; log it all to MLflow; print the summary.
 
     Args:
-        name: ``"ce"`` (soft-target cross-entropy), ``"focal"`` (``gamma``) or ``"focal_adaptive"``
-            (FLSD-53). Mixup is orthogonal: it is switched on by ``mixup_alpha > 0``.
-        gamma: focal gamma.
-        alpha: optional focal class weights.
-    """
-    from lungcal.calibration import losses as L
-
-    if name == "ce":
-        return _SoftCE()
-    if name == "focal":
-        return L.FocalLoss(gamma=gamma, alpha=alpha)
-    if name == "focal_adaptive":
-        return L.FocalLossAdaptiveGamma()
-    raise ConfigError(f"unknown loss {name!r}", field="loss", fix=f"use one of {list(LOSSES)}")
-
-
-class _SoftCE(nn.Module):
-    """Cross-entropy accepting class indices or soft targets."""
-
-    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if target.ndim == logits.ndim:
-            from lungcal.calibration.losses import soft_cross_entropy
-
-            return soft_cross_entropy(logits, target)
-        return nn.functional.cross_entropy(logits, target)
-
-
-class MILPrepareBatch:
-    """``prepare_batch`` for MONAI engines: returns ``((bags, mask), labels)`` on ``device``."""
-
-    def __call__(self, batchdata: Mapping[str, torch.Tensor], device=None, non_blocking: bool = False, **kw):
-        bags = batchdata["bag"].to(device=device, non_blocking=non_blocking)
-        mask = batchdata["mask"].to(device=device, non_blocking=non_blocking)
-        label = batchdata["label"].to(device=device, non_blocking=non_blocking).long()
-        return (bags, mask), label
-
-
-class MILTrainStep:
-    """``iteration_update`` of the trainer: forward ``(bags, mask) -> (logits, attention)``, loss, step.
-
-    Args:
-        mixup_alpha: Beta(α, α) mixing; 0 disables mixup.
-        mixup_space: ``"input"`` mixes bags slot-wise (:func:`mixup_bags`); ``"feature"`` mixes
-            the pooled bag features before the head (manifold mixup at the MIL pooling output).
-        num_classes: number of classes (2 for CT).
-        seed: seed of the mixup generator.
+        network: the network the trainer trains (bundle ``network``).
+        trainer: ``monai.engines.SupervisedTrainer`` (bundle ``train#trainer``).
+        cohort: the :class:`~lungcal.engine.cohort.CTCohort` the loaders read.
+        checkpoint: the :class:`~lungcal.engine.handlers.AtomicCheckpoint` among the trainer's handlers.
+        epoch_logger: the :class:`~lungcal.engine.handlers.EpochMetricsLogger` among them.
+        method: stage-1 name for tags and run names (``ce``, ``focal``, ``mixup``, ``focal_mixup``).
+        post_hoc: calibrators fitted on validation, each in a linked run (default ``["ts"]``).
+        epochs: must be >= 1 (checked before anything runs).
+        batch_size: of the evaluation loaders.
+        output_dir, tracking_uri, run_name: where things go (defaults: ``runs/``, its SQLite store,
+            ``<method>-<timestamp>``).
+        n_bins, n_bootstrap, seed, device: test report and reproducibility.
+        network_def: the network's config for the checkpoint (default: the bundle's ``network_def``).
+        config: the bundle config for params and the resolved-config artifact (default: the running bundle's).
     """
 
-    def __init__(self, mixup_alpha: float = 0.0, mixup_space: str = "input", num_classes: int = 2, seed: int = 0):
-        if mixup_space not in ("input", "feature"):
-            raise ConfigError(f"unknown mixup_space {mixup_space!r}", field="mixup_space", fix="use 'input' or 'feature'")
-        if mixup_alpha < 0:
-            raise ConfigError(f"mixup_alpha must be >= 0, got {mixup_alpha}", field="mixup_alpha", fix="use 0 to disable")
-        self.alpha = float(mixup_alpha)
-        self.space = mixup_space
-        self.num_classes = num_classes
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, network: nn.Module, trainer, cohort: CTCohort, checkpoint: AtomicCheckpoint,
+                 epoch_logger: EpochMetricsLogger, method: str, post_hoc: Sequence[str] = ("ts",), epochs: int = 1,
+                 batch_size: int = 16, output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
+                 run_name: str | None = None, n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0,
+                 device: str | None = "auto", network_def: Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT) -> None:
+        if int(epochs) < 1:
+            raise ConfigError(f"epochs must be >= 1, got {epochs}", field="epochs", fix="set epochs to 1 or more")
+        self.network, self.trainer, self.cohort = network, trainer, cohort
+        self.checkpoint, self.epoch_logger = checkpoint, epoch_logger
+        self.method = str(method)
+        self.post_hoc = [str(p) for p in (post_hoc or [])]
+        self.batch_size = int(batch_size)
+        self.output_dir = resolve_output_dir(output_dir)
+        self.tracking_uri = tracking_uri or default_tracking_uri(self.output_dir)
+        self.run_name = run_name or f"{self.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.n_bins, self.n_bootstrap, self.seed = int(n_bins), int(n_bootstrap), int(seed)
+        self.device = resolve_device(device)
+        self.network_def = dict(network_def) if network_def is not None else resolved_section("network_def")
+        self.config = dict(config) if config is not None else active_config()
+        unused = unused_keys(self.config)
+        if unused:
+            raise ConfigError(f"setting(s) {unused} are used by no object of the bundle", field=unused[0],
+                              fix="check the spelling; the network, loss and optimizer are chosen by editing "
+                                  "network_def / loss / optimizer (see bundles/ct_common.json)")
+        self.loss_def = resolved_section("loss")
+        self.experiment = experiment
+        self.result: dict[str, Any] = {}
 
-    def __call__(self, engine, batchdata) -> dict[str, Any]:
-        from monai.utils import CommonKeys as K
+    def _tags(self, stage2: str) -> dict[str, str]:
+        return {TAG_DATASET: self.cohort.source, TAG_STAGE1: self.method, TAG_STAGE2: stage2,
+                TAG_SITE: self.cohort.site}
 
-        (bags, mask), label = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)
-        net = engine.network
-        net.train()
-        engine.optimizer.zero_grad(set_to_none=True)
-        target: torch.Tensor = label
-        if self.alpha > 0 and self.space == "input":
-            from lungcal.calibration.mixup import mixup_bags
+    def params(self) -> dict[str, Any]:
+        """The flattened-config params: named hyperparameters, network and loss, datalist source and hash."""
+        p = {k: v for k, v in hyperparameters(self.config).items() if k not in PRIVATE_KEYS}
+        p.update(method=self.method, post_hoc=self.post_hoc, network_def=self.network_def, loss=self.loss_def)
+        p["datalist"] = {"source": self.cohort.source, "sha256": self.cohort.digest}
+        p["n_ct"] = {s: len(self.cohort.splits[s]["subjects"]) for s in SPLITS}
+        return p
 
-            bags, mask, target, _ = mixup_bags(bags, mask, label, self.alpha, self.num_classes, self.generator)
-            logits, _ = net(bags, mask)
-        elif self.alpha > 0:
-            from lungcal.calibration.mixup import mixup
+    def resolved_config(self) -> dict[str, Any]:
+        """The bundle config as run (macros expanded, overrides applied), with the paths left out."""
+        cfg = {k: v for k, v in self.config.items() if k not in PRIVATE_KEYS}
+        cfg["datalist"] = {"source": self.cohort.source, "sha256": self.cohort.digest}
+        return {"config": cfg, "params": self.params()}
 
-            feats = net.features(bags, mask)
-            feats, target, _ = mixup(feats, label, self.alpha, self.num_classes, self.generator)
-            logits = net.head(feats)
-        else:
-            logits, _ = net(bags, mask)
-        loss = engine.loss_function(logits, target)
-        loss.backward()
-        engine.optimizer.step()
-        return {K.IMAGE: None, K.LABEL: label, K.PRED: logits.detach(), K.LOSS: loss.detach()}
+    def run(self) -> dict[str, Any]:
+        """Train, evaluate on test, fit the post-hoc calibrators on validation, log, print a summary."""
+        self.cohort.load()
+        seed_everything(self.seed)
+        net = self.network
+        with RunTracker(self.experiment, self.run_name, tracking_uri=self.tracking_uri,
+                        tags=self._tags("none")) as tracker:
+            ckdir = self.output_dir / "checkpoints" / tracker.run_id
+            self.checkpoint.bind(ckdir, extra={"network_def": self.network_def, "method": self.method,
+                                               "bag_params": json.dumps(self.cohort.bag_params)})
+            self.epoch_logger.bind(tracker.log_metrics)
+            params = self.params()
+            tracker.log_params(params)
+            tracker.log_dict(self.resolved_config(), "config/resolved.json")
+            self.trainer.run()
 
+            best = torch.load(self.checkpoint.best_path, map_location="cpu", weights_only=True)
+            net.load_state_dict(best["state_dict"])
+            tracker.log_metrics({"best/epoch": best["epoch"], "best/val_auc": best["metric"]})
+            out = {s: predict(net, self.cohort.loader(s, self.batch_size), self.device) for s in ("val", "test")}
+            test, val = self.cohort.splits["test"], self.cohort.splits["val"]
+            p_test = probabilities(out["test"]["logits"])
+            rep_test = evaluate_probs(p_test, test["labels"], n_bins=self.n_bins, n_bootstrap=self.n_bootstrap,
+                                      seed=self.seed)
+            rep_val = evaluate_probs(probabilities(out["val"]["logits"]), val["labels"], n_bins=self.n_bins,
+                                     n_bootstrap=0, seed=self.seed)
+            log_split(tracker, "test", p_test, test["labels"], rep_test, n_bins=self.n_bins, subjects=test["subjects"],
+                      attention=out["test"]["attention"], candidates=test["candidates"], workdir=ckdir / "eval",
+                      title=self.method)
+            tracker.log_report("val", {k: v for k, v in rep_val.items() if "_ci_" not in k})
+            tracker.log_model(net, extra={"network_def": self.network_def})
+            tracker.log_artifact(self.checkpoint.best_path, "checkpoint")
+            stage1_id = tracker.run_id
 
-class MILEvalStep:
-    """``iteration_update`` of evaluators: ``{"pred": logits, "label", "attention"}`` without grad."""
-
-    def __call__(self, engine, batchdata) -> dict[str, Any]:
-        from monai.utils import CommonKeys as K
-
-        (bags, mask), label = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)
-        engine.network.eval()
-        with torch.no_grad():
-            logits, attention = engine.network(bags, mask)
-        return {K.IMAGE: None, K.LABEL: label, K.PRED: logits, "attention": attention}
-
-
-def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
-                  min_factor: float = 0.01) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up for ``warmup_steps`` then cosine decay to ``min_factor`` × lr (per iteration)."""
-    total_steps = max(1, int(total_steps))
-    warmup_steps = max(0, min(int(warmup_steps), total_steps - 1))
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` to a temporary file in the same folder, then ``os.replace`` (atomic)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-class AtomicCheckpoint:
-    """Keeps ``best.pt`` (highest ``metric_name`` on the evaluator) and ``last.pt`` (each epoch).
-
-    A checkpoint is ``{"state_dict", "epoch", "metric", **extra}``; ``extra`` carries what is
-    needed to rebuild the model (architecture kwargs, bag parameters). Files are written
-    atomically.
-    """
-
-    def __init__(self, directory: str | os.PathLike, network: nn.Module, metric_name: str = "val_auc",
-                 extra: Mapping[str, Any] | None = None) -> None:
-        self.dir = Path(directory)
-        self.network = network
-        self.metric_name = metric_name
-        self.extra = dict(extra or {})
-        self.best_metric = -math.inf
-        self.best_epoch = 0
-
-    @property
-    def best_path(self) -> Path:
-        return self.dir / "best.pt"
-
-    @property
-    def last_path(self) -> Path:
-        return self.dir / "last.pt"
-
-    def _payload(self, epoch: int, metric: float) -> dict:
-        sd = {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
-        return {"state_dict": sd, "epoch": int(epoch), "metric": float(metric), **self.extra}
-
-    def attach(self, trainer, evaluator) -> None:
-        from ignite.engine import Events
-
-        def on_val(engine) -> None:
-            value = float(engine.state.metrics.get(self.metric_name, float("nan")))
-            epoch = trainer.state.epoch
-            # first epoch always saved, then strictly better; NaN (one-class val split) never wins later
-            if self.best_epoch == 0 or (not math.isnan(value) and value > self.best_metric):
-                self.best_metric = value if not math.isnan(value) else -math.inf
-                self.best_epoch = epoch
-                atomic_torch_save(self._payload(epoch, value), self.best_path)
-
-        def on_epoch(engine) -> None:
-            atomic_torch_save(self._payload(engine.state.epoch, self.best_metric), self.last_path)
-
-        evaluator.add_event_handler(Events.EPOCH_COMPLETED, on_val)
-        trainer.add_event_handler(Events.EPOCH_COMPLETED, on_epoch)
-
-
-class EpochMetricsLogger:
-    """Sends per-epoch train loss / lr and validation metrics to a ``log(metrics, step)`` callable."""
-
-    def __init__(self, log: Callable[[Mapping[str, float], int], None]) -> None:
-        self.log = log
-        self._losses: list[float] = []
-
-    def _epoch_loss(self) -> float:
-        # the validation runs inside the trainer's EPOCH_COMPLETED, possibly before _train: read the
-        # losses of the epoch directly rather than a value _train may not have stored yet
-        return float(np.mean(self._losses)) if self._losses else float("nan")
-
-    def attach(self, trainer, evaluator) -> None:
-        from ignite.engine import Events
-
-        @trainer.on(Events.EPOCH_STARTED)
-        def _reset(engine):
-            self._losses = []
-
-        @trainer.on(Events.ITERATION_COMPLETED)
-        def _loss(engine):
-            self._losses.append(float(engine.state.output["loss"]))
-
-        @trainer.on(Events.EPOCH_COMPLETED)
-        def _train(engine):
-            lr = engine.optimizer.param_groups[0]["lr"]
-            self.log({"train/loss": self._epoch_loss(), "train/lr": lr}, engine.state.epoch)
-
-        @evaluator.on(Events.EPOCH_COMPLETED)
-        def _val(engine):
-            m = {f"val/{k[4:] if k.startswith('val_') else k}": v for k, v in engine.state.metrics.items()
-                 if isinstance(v, (int, float))}
-            self.log(m, trainer.state.epoch)
-            if trainer.state.epoch:  # one progress line per epoch (the run's only console output while training)
-                logger.info("epoch %d/%d  train loss %.4f  val AUC %.3f  ECE %.3f", trainer.state.epoch,
-                            trainer.state.max_epochs, self._epoch_loss(),
-                            m.get("val/auc", float("nan")), m.get("val/ece", float("nan")))
-
-
-def _calibration_metric(n_bins: int):
-    """``CalibrationMetrics`` attached as ``val_auc`` (key metric) that also fills ``val_ece/acc/nll``."""
-    from monai.handlers import from_engine
-
-    from lungcal.calibration.handlers import CalibrationMetrics
-
-    return CalibrationMetrics(n_bins=n_bins, key="auc", prefix="val_", output_transform=from_engine(["pred", "label"]))
-
-
-def build_evaluator(network: nn.Module, loader, *, device, n_bins: int = 10,
-                    handlers: Sequence | None = None):
-    """A ``SupervisedEvaluator`` with ``CalibrationMetrics``: key metric ``val_auc``, plus ``val_ece/acc/nll``."""
-    from monai.engines import SupervisedEvaluator
-
-    return SupervisedEvaluator(
-        device=device,
-        val_data_loader=loader,
-        network=network,
-        prepare_batch=MILPrepareBatch(),
-        iteration_update=MILEvalStep(),
-        key_val_metric={"val_auc": _calibration_metric(n_bins)},
-        val_handlers=list(handlers or []),
-        amp=False,
-    )
-
-
-def build_trainer(network: nn.Module, loader, evaluator, *, device, loss: nn.Module, epochs: int, lr: float,
-                  weight_decay: float = 1e-4, warmup_epochs: float = 1.0, mixup_alpha: float = 0.0,
-                  mixup_space: str = "input", seed: int = 0, handlers: Sequence | None = None):
-    """A ``SupervisedTrainer`` (AdamW, warm-up + cosine per iteration, validation every epoch)."""
-    from monai.engines import SupervisedTrainer
-    from monai.handlers import LrScheduleHandler, ValidationHandler
-
-    if epochs < 1:
-        raise ConfigError(f"epochs must be >= 1, got {epochs}", field="epochs", fix="set epochs to 1 or more")
-    opt = torch.optim.AdamW(network.parameters(), lr=lr, weight_decay=weight_decay)
-    steps = len(loader)
-    sched = warmup_cosine(opt, total_steps=epochs * steps, warmup_steps=int(round(warmup_epochs * steps)))
-    train_handlers = [
-        LrScheduleHandler(lr_scheduler=sched, epoch_level=False, print_lr=False),
-        ValidationHandler(validator=evaluator, interval=1, epoch_level=True),
-        *list(handlers or []),
-    ]
-    return SupervisedTrainer(
-        device=device,
-        max_epochs=int(epochs),
-        train_data_loader=loader,
-        network=network,
-        optimizer=opt,
-        loss_function=loss,
-        prepare_batch=MILPrepareBatch(),
-        iteration_update=MILTrainStep(mixup_alpha, mixup_space, seed=seed),
-        train_handlers=train_handlers,
-        amp=False,
-    )
-
-
-@torch.no_grad()
-def predict(network: nn.Module, loader, device=None) -> dict[str, torch.Tensor]:
-    """Run ``network`` over ``loader``: ``{"logits" (N, C), "labels" (N,), "attention" (N, K), "features"}``."""
-    network.eval()
-    out: dict[str, list] = {"logits": [], "labels": [], "attention": [], "features": []}
-    for batch in loader:
-        bags = batch["bag"].to(device) if device is not None else batch["bag"]
-        mask = batch["mask"].to(bags.device)
-        if hasattr(network, "forward_features"):  # one pass: pooled features + attention
-            feats, att = network.forward_features(bags, mask)
-            logits = network.head(feats)
-        else:
-            feats = network.features(bags, mask)
-            logits, att = network(bags, mask)
-        out["logits"].append(logits.float().cpu())
-        out["attention"].append(att.float().cpu())
-        out["features"].append(feats.float().cpu())
-        out["labels"].append(batch["label"].long().cpu())
-    return {k: torch.cat(v) if v else torch.empty(0) for k, v in out.items()}
+        post = run_post_hoc(self.post_hoc, stage1_run_id=stage1_id, run_name=self.run_name, tags=self._tags,
+                            params=params, val_logits=out["val"]["logits"], val_labels=val["labels"],
+                            test_logits=out["test"]["logits"], test=test, test_attention=out["test"]["attention"],
+                            n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed,
+                            tracking_uri=self.tracking_uri, workdir=ckdir / "eval", title=self.method,
+                            experiment=self.experiment)
+        self.result = {"stage1_run_id": stage1_id, "test": rep_test, "checkpoint": str(self.checkpoint.best_path),
+                       "post_hoc": {r["name"]: r for r in post}}
+        title = f"{self.method} (stage 1)" + "".join(f" + {r['name'].upper()}" for r in post)
+        rows = [(self.method, rep_test)] + [(f"{self.method}+{r['name'].upper()}", r["test"]) for r in post]
+        text = summary_lines(title, rows, self.output_dir, self.tracking_uri, [stage1_id] + [r["run_id"] for r in post])
+        for r in post:
+            if r["temperature"] is not None:
+                self.result.update(ts_run_id=r["run_id"], temperature=r["temperature"], test_ts=r["test"])
+                text += f"\n  temperature   {r['temperature']:.3f}"
+        print(text, flush=True)
+        return self.result

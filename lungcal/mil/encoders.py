@@ -12,7 +12,10 @@ BatchNorm statistics never include padding slots.
 from __future__ import annotations
 
 import torch
+from monai.networks.nets import resnet10
 from torch import nn
+
+from lungcal.errors import ConfigError
 
 __all__ = ["SmallCNNEncoder", "ResNetEncoder", "InstanceEncoder", "ENCODERS"]
 
@@ -53,8 +56,6 @@ class ResNetEncoder(nn.Module):
 
     def __init__(self, embed_dim: int = 64, in_channels: int = 1) -> None:
         super().__init__()
-        from monai.networks.nets import resnet10
-
         self.embed_dim = embed_dim
         self.trunk = resnet10(pretrained=False, spatial_dims=3, n_input_channels=in_channels, feed_forward=False)
         self.proj = nn.Sequential(nn.Linear(512, embed_dim), nn.ReLU(inplace=True))
@@ -69,7 +70,5 @@ ENCODERS = {"small": SmallCNNEncoder, "resnet10": ResNetEncoder}
 def InstanceEncoder(kind: str = "small", embed_dim: int = 64, **kwargs) -> nn.Module:  # noqa: N802 (factory)
     """Build an instance encoder by name (``"small"`` or ``"resnet10"``)."""
     if kind not in ENCODERS:
-        from lungcal.errors import ConfigError
-
         raise ConfigError(f"unknown encoder {kind!r}", field="encoder", fix=f"use one of {sorted(ENCODERS)}")
     return ENCODERS[kind](embed_dim=embed_dim, **kwargs)

@@ -29,11 +29,14 @@ a zero pooled embedding (attention all zero, no NaN), hence the head's bias logi
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 
-__all__ = ["GatedAttentionPool", "masked_softmax", "AttentionMIL", "NoisyORHead", "NoisyORMIL", "LogSumExpHead",
-           "LogSumExpMIL", "build_mil_model"]
+from lungcal.errors import ConfigError
+from lungcal.mil.encoders import InstanceEncoder
+
+__all__ = ["embed_dim_of", "GatedAttentionPool", "masked_softmax", "AttentionMIL", "NoisyORHead", "NoisyORMIL",
+           "LogSumExpHead", "LogSumExpMIL", "build_mil_model"]
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -61,8 +64,23 @@ def _flip_averaged(fn, bags: torch.Tensor, mask: torch.Tensor):
     return torch.stack(outs).mean(0)
 
 
-def _encode(encoder: nn.Module, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Encode the valid instances of ``bags (B, K, C, ...)`` -> ``(B, K, D)`` (zeros where masked)."""
+def embed_dim_of(encoder: nn.Module, embed_dim: int | None = None) -> int:
+    """The embedding size D of ``encoder``: ``embed_dim`` when given, else ``encoder.embed_dim``.
+
+    Any module mapping ``(N, 1, P, P, P)`` to ``(N, D)`` is an instance encoder, e.g.
+    ``monai.networks.nets.resnet10(spatial_dims=3, n_input_channels=1, num_classes=D)``; modules
+    without an ``embed_dim`` attribute need ``embed_dim`` passed to the MIL model.
+    """
+    d = embed_dim if embed_dim is not None else getattr(encoder, "embed_dim", None)
+    if d is None:
+        raise ConfigError(f"cannot tell the embedding size of the encoder {type(encoder).__name__}",
+                          field="network_def.embed_dim",
+                          fix="pass embed_dim (the encoder's output size) to the MIL model")
+    return int(d)
+
+
+def _encode(encoder: nn.Module, bags: torch.Tensor, mask: torch.Tensor, d: int) -> torch.Tensor:
+    """Encode the valid instances of ``bags (B, K, C, ...)`` -> ``(B, K, d)`` (zeros where masked)."""
     if bags.dim() < 3:
         raise ValueError(f"bags must be (B, K, C, ...), got shape {tuple(bags.shape)}")
     b, k = bags.shape[:2]
@@ -71,7 +89,6 @@ def _encode(encoder: nn.Module, bags: torch.Tensor, mask: torch.Tensor) -> torch
     mask = mask.bool()
     flat_mask = mask.reshape(-1)
     valid = bags.reshape(b * k, *bags.shape[2:])[flat_mask]
-    d = encoder.embed_dim
     h = bags.new_zeros(b * k, d)
     if valid.shape[0] > 0:
         h = h.index_put((flat_mask.nonzero(as_tuple=True)[0],), encoder(valid).to(h.dtype))
@@ -83,6 +100,10 @@ class GatedAttentionPool(nn.Module):
 
     ``a_k = w^T (tanh(V h_k) * sigmoid(U h_k))``; attention = masked softmax of ``a`` over the bag;
     pooled ``z = sum_k attention_k h_k``.
+
+    References:
+        Ilse, Tomczak & Welling, "Attention-based Deep Multiple Instance Learning", ICML 2018.
+        https://arxiv.org/abs/1802.04712
     """
 
     def __init__(self, in_dim: int, attn_dim: int = 64, dropout: float = 0.0) -> None:
@@ -103,22 +124,38 @@ class GatedAttentionPool(nn.Module):
 
 
 class AttentionMIL(nn.Module):
-    """Encoder -> gated attention pooling -> linear head with ``num_classes`` (2) logits."""
+    """Encoder -> gated attention pooling -> linear head with ``num_classes`` (2) logits.
+
+    Args:
+        encoder: instance encoder module, ``(N, 1, P, P, P) -> (N, D)``.
+        pool: pooling module (default :class:`GatedAttentionPool` ``(D, attn_dim, dropout)``).
+        head: head on the pooled embedding (default ``Linear(D, num_classes)``).
+        num_classes: logits of the default head.
+        dropout: dropout on the attention gate and before the head.
+        tta_flips: in eval mode, average over the 8 flips of the patch axes.
+        attn_dim: hidden size of the default attention gate.
+        embed_dim: D, when the encoder has no ``embed_dim`` attribute.
+
+    References:
+        Ilse, Tomczak & Welling, "Attention-based Deep Multiple Instance Learning", ICML 2018.
+        https://arxiv.org/abs/1802.04712
+    """
 
     def __init__(self, encoder: nn.Module, pool: nn.Module | None = None, head: nn.Module | None = None,
-                 num_classes: int = 2, dropout: float = 0.0, tta_flips: bool = False) -> None:
+                 num_classes: int = 2, dropout: float = 0.0, tta_flips: bool = False, attn_dim: int = 64,
+                 embed_dim: int | None = None) -> None:
         super().__init__()
-        d = encoder.embed_dim
+        d = embed_dim_of(encoder, embed_dim)
         self.tta_flips = bool(tta_flips)
         self.encoder = encoder
-        self.pool = pool if pool is not None else GatedAttentionPool(d)
+        self.pool = pool if pool is not None else GatedAttentionPool(d, attn_dim, dropout)
         self.dropout = nn.Dropout(dropout)
         self.head = head if head is not None else nn.Linear(d, num_classes)
         self.embed_dim = d
 
     def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Instance embeddings ``(B, K, D)`` (zeros for masked slots)."""
-        return _encode(self.encoder, bags, mask)
+        return _encode(self.encoder, bags, mask, self.embed_dim)
 
     def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(pooled (B, D), attention (B, K))``; ``head(pooled)`` gives the logits.
@@ -157,7 +194,7 @@ class NoisyORHead(nn.Module):
     def forward_with_probs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, valid = feats[..., :-1], feats[..., -1] > 0.5
         s = self.instance(h).squeeze(-1)  # instance logits (B, K)
-        log_not = (F.logsigmoid(-s) * valid).sum(dim=1) + F.logsigmoid(-self.leak_logit)  # log(1 - P)
+        log_not = (functional.logsigmoid(-s) * valid).sum(dim=1) + functional.logsigmoid(-self.leak_logit)  # log(1 - P)
         log_p = _log1mexp(log_not)  # log P
         probs = torch.sigmoid(s) * valid
         return torch.stack([log_not, log_p], dim=1), probs
@@ -180,15 +217,16 @@ class _InstanceHeadMIL(nn.Module):
     unchanged). ``head.forward_with_probs`` gives ``(logits, per-instance weights)``.
     """
 
-    def __init__(self, encoder: nn.Module, head: nn.Module, tta_flips: bool = False) -> None:
+    def __init__(self, encoder: nn.Module, head: nn.Module, tta_flips: bool = False,
+                 embed_dim: int | None = None) -> None:
         super().__init__()
         self.tta_flips = bool(tta_flips)
         self.encoder = encoder
-        self.embed_dim = encoder.embed_dim
+        self.embed_dim = embed_dim_of(encoder, embed_dim)
         self.head = head
 
     def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return _encode(self.encoder, bags, mask)
+        return _encode(self.encoder, bags, mask, self.embed_dim)
 
     def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Instance embeddings + validity flag ``(B, K, D + 1)`` (flip-averaged in eval mode with ``tta_flips``)."""
@@ -210,11 +248,16 @@ class NoisyORMIL(_InstanceHeadMIL):
     """Leaky noisy-OR MIL (Liao et al. 2019) with the :class:`AttentionMIL` forward contract.
 
     The "attention" output holds the per-instance probabilities ``p_i`` (0 if masked).
+
+    References:
+        Liao, Liang, Li, Hu & Song, "Evaluate the Malignancy of Pulmonary Nodules Using the 3D Deep
+        Leaky Noisy-OR Network", IEEE TNNLS 2019. https://arxiv.org/abs/1711.08324
     """
 
     def __init__(self, encoder: nn.Module, head: NoisyORHead | None = None, leak_init: float = 0.01,
-                 tta_flips: bool = False) -> None:
-        super().__init__(encoder, head if head is not None else NoisyORHead(encoder.embed_dim, leak_init), tta_flips)
+                 tta_flips: bool = False, embed_dim: int | None = None) -> None:
+        d = embed_dim_of(encoder, embed_dim)
+        super().__init__(encoder, head if head is not None else NoisyORHead(d, leak_init), tta_flips, d)
 
 
 class LogSumExpHead(nn.Module):
@@ -248,12 +291,20 @@ class LogSumExpHead(nn.Module):
 
 
 class LogSumExpMIL(_InstanceHeadMIL):
-    """Encoder -> gated attention scores -> log-sum-exp pooling (:class:`LogSumExpHead`)."""
+    """Encoder -> gated attention scores -> log-sum-exp pooling (:class:`LogSumExpHead`).
+
+    The CT bundles' ``network_def``. Args as :class:`AttentionMIL` (``embed_dim`` only for
+    encoders without an ``embed_dim`` attribute).
+
+    References:
+        Ilse, Tomczak & Welling, "Attention-based Deep Multiple Instance Learning", ICML 2018.
+        https://arxiv.org/abs/1802.04712 (the gated attention scores).
+    """
 
     def __init__(self, encoder: nn.Module, head: LogSumExpHead | None = None, attn_dim: int = 64,
-                 dropout: float = 0.0, tta_flips: bool = False) -> None:
-        super().__init__(encoder, head if head is not None else LogSumExpHead(encoder.embed_dim, attn_dim, dropout),
-                         tta_flips)
+                 dropout: float = 0.0, tta_flips: bool = False, embed_dim: int | None = None) -> None:
+        d = embed_dim_of(encoder, embed_dim)
+        super().__init__(encoder, head if head is not None else LogSumExpHead(d, attn_dim, dropout), tta_flips, d)
 
 
 def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: int = 64, patch_size: int = 16,
@@ -274,9 +325,6 @@ def build_mil_model(encoder: str = "small", head: str = "attention", embed_dim: 
             construction).
         tta_flips: in eval mode, average features and attention over the 8 flips of the patch axes.
     """
-    from lungcal.errors import ConfigError
-    from lungcal.mil.encoders import InstanceEncoder
-
     if patch_size < 8:
         raise ConfigError(f"patch_size={patch_size} is too small", field="patch_size", fix="use patch_size >= 8")
     enc = InstanceEncoder(encoder, embed_dim=embed_dim, **encoder_kwargs)

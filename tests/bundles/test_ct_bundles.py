@@ -1,30 +1,51 @@
 """Run the real CT bundle JSONs end to end with tiny overrides (as the MONAI model zoo's CI does).
 
 A 15-CT synthetic cohort at 5 mm (64x64x48 voxels) keeps each run to seconds of compute; every
-stage-1 variant, the LAS bundle and the inference bundle go through ``monai.bundle.run`` with the
-JSON files of ``bundles/`` and a temporary ``output_dir``.
+stage-1 variant, an encoder swap and a loss swap made in config alone, the LAS bundle and the
+inference bundle go through ``monai.bundle.run`` with the JSON files of ``bundles/`` and a
+temporary ``output_dir``; a user error under ``python -m monai.bundle run`` ends in one line.
 """
 from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from monai.bundle import run
 
-from lungcal import tracking
+from lungcal.data.synthetic import make_cohort
+from lungcal.engine.exit_hook import find_lungcal_error
+from lungcal.errors import ConfigError
+from lungcal.tracking import (
+    TAG_CALIBRATOR,
+    TAG_DATASET,
+    TAG_PARENT,
+    TAG_STAGE1,
+    TAG_STAGE2,
+    default_tracking_uri,
+    linked_temperature,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLES = ROOT / "bundles"
 STAGE1 = ["nlst_ce", "nlst_focal", "nlst_mixup", "nlst_focal_mixup"]
-TINY_BAGS = {"spacing": [5.0, 5.0, 5.0], "hu_window": [-1000, 400], "k": 8, "patch_size": 8}
+OBJECTS = ("preprocessing", "detector", "cohort", "network_def", "loss", "optimizer", "lr_scheduler")
+RESNET10 = {
+    "_target_": "lungcal.mil.LogSumExpMIL",
+    "encoder": {"_target_": "monai.networks.nets.resnet10", "spatial_dims": 3, "n_input_channels": 1,
+                "num_classes": "@embed_dim"},
+    "embed_dim": "@embed_dim", "attn_dim": "@attn_dim", "dropout": "@dropout", "tta_flips": "@tta_flips",
+}
 
 
 @pytest.fixture(scope="module")
 def tiny_cohort(tmp_path_factory) -> Path:
-    from lungcal.data.synthetic import make_cohort
-
     out = tmp_path_factory.mktemp("cohort")
     return Path(make_cohort(out, n_subjects=15, prevalence=0.5, seed=1, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),
                             formats=("dicom",), progress=False))
@@ -37,67 +58,65 @@ def store(tmp_path_factory) -> Path:
 
 def run_bundle(name: str, monkeypatch, **overrides):
     """``python -m monai.bundle run --config_file bundles/<name>.json --k v ...`` in-process, from the root."""
-    from monai.bundle import run
-
     monkeypatch.chdir(ROOT)  # % macros resolve from the working directory
     run(config_file=str(Path("bundles") / f"{name}.json"), logging_file=False, **overrides)
 
 
 def tiny(cohort: Path, store: Path, **kw):
     return {"datalist": str(cohort), "output_dir": str(store), "epochs": 1, "n_bootstrap": 20, "num_workers": 0,
-            "bag_params": dict(TINY_BAGS), "batch_size": 4, **kw}
+            "spacing": [5.0, 5.0, 5.0], "patch_size": 8, "batch_size": 4, **kw}
 
 
 def _runs(store: Path, **tags):
-    client = MlflowClient(tracking.default_tracking_uri(store))
+    client = MlflowClient(default_tracking_uri(store))
     exp = client.get_experiment_by_name("nlst")
     flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     return client, client.search_runs([exp.experiment_id], filter_string=flt, order_by=["attributes.start_time DESC"])
 
 
-def _cause_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its ``__cause__`` chain (monai.bundle wraps the workflow's own error)."""
-    chain = []
-    while exc is not None:
-        chain.append(exc)
-        exc = exc.__cause__
-    return chain
+def _stage1_run(store: Path, run_name: str):
+    _, runs = _runs(store, **{TAG_STAGE2: "none"})
+    return [r for r in runs if r.info.run_name == run_name][0]
 
 
-def test_variants_hold_only_choices_and_share_the_wiring():
-    wiring = {"imports", "experiment", "train", "validate", "run"}
+def test_variants_hold_choices_and_the_wiring_holds_the_objects():
+    common = json.loads((BUNDLES / "ct_common.json").read_text())
+    for key in OBJECTS + ("workflow", "las", "inference"):
+        assert "_target_" in common[key], key
+    assert common["train"]["trainer"]["_target_"] == "SupervisedTrainer"
+    assert common["validate"]["evaluator"]["_target_"] == "SupervisedEvaluator"
+    assert common["validate"]["key_metric"]["val_auc"]["_target_"].endswith("CalibrationMetrics")
     for name in STAGE1:
         cfg = json.loads((BUNDLES / f"{name}.json").read_text())
-        assert cfg["experiment"] == "%bundles/ct_common.json#stage1#experiment"
-        assert cfg["run"] == "%bundles/ct_common.json#stage1#run"
-        for k, v in cfg.items():  # nothing but choices and macro pointers
-            if k in wiring:
-                assert "_target_" not in json.dumps(v), f"{name}.json#{k} repeats wiring"
-    for f in ("metadata.json", "logging.conf", "ct_common.json", "nlst_las.json", "inference.json"):
+        for key in ("network_def", "train", "validate", "workflow", "run"):
+            assert cfg[key] == f"%bundles/ct_common.json#{key}"
+        targets = [k for k, v in cfg.items() if "_target_" in json.dumps(v)]
+        assert targets in ([], ["loss"]), f"{name}.json repeats wiring: {targets}"
+        assert cfg["post_hoc"] == ["ts"]
+    for f in ("metadata.json", "logging.conf", "nlst_las.json", "inference.json"):
         assert (BUNDLES / f).is_file()
 
 
 def test_las_without_stage1_run_is_a_config_error(tiny_cohort, tmp_path, monkeypatch):
-    from lungcal.errors import ConfigError
-
     with pytest.raises(Exception) as info:
         run_bundle("nlst_las", monkeypatch, datalist=str(tiny_cohort), output_dir=str(tmp_path), num_workers=0)
-    assert any(isinstance(x, ConfigError) and "stage-1" in str(x) for x in _cause_chain(info.value))
+    error = find_lungcal_error(info.value)
+    assert isinstance(error, ConfigError) and "stage-1" in str(error)
 
 
 @pytest.mark.parametrize("name", STAGE1)
 def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, store, monkeypatch, capsys):
     run_bundle(name, monkeypatch, **tiny(tiny_cohort, store, run_name=f"t-{name}"))
     out = capsys.readouterr().out
-    assert "mlflow ui --backend-store-uri sqlite:///" in out and "ECE" in out
+    assert "mlflow ui --backend-store-uri sqlite:///" in out and "ECE" in out and "temperature" in out
     method = name[len("nlst_"):]
-    client, runs = _runs(store, **{tracking.TAG_STAGE1: method})
-    s1 = [r for r in runs if r.data.tags[tracking.TAG_STAGE2] == "none"][0]
-    ts = [r for r in runs if r.data.tags[tracking.TAG_STAGE2] == "ts"][0]
+    client, runs = _runs(store, **{TAG_STAGE1: method})
+    s1 = [r for r in runs if r.data.tags[TAG_STAGE2] == "none"][0]
+    ts = [r for r in runs if r.data.tags[TAG_STAGE2] == "ts"][0]
     assert s1.info.status == ts.info.status == "FINISHED"
     assert s1.info.run_name == f"t-{name}"
-    assert ts.data.tags[tracking.TAG_PARENT] == s1.info.run_id
-    assert s1.data.tags[tracking.TAG_DATASET] == "synthetic"
+    assert ts.data.tags[TAG_PARENT] == s1.info.run_id and ts.data.tags[TAG_CALIBRATOR] == "ts"
+    assert s1.data.tags[TAG_DATASET] == "synthetic"
     for r in (s1, ts):
         for k in ("test/ece", "test/ece_ci_low", "test/ece_ci_high", "test/auc", "test/acc"):
             assert k in r.data.metrics, k
@@ -108,24 +127,58 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     assert ts.data.metrics["temperature"] > 0
     arts = {a.path for a in client.list_artifacts(s1.info.run_id)}
     assert {"plots", "predictions", "config", "model", "checkpoint"} <= arts
-    assert s1.data.params["datalist.source"] == "synthetic"
-    assert all(str(tiny_cohort.parent) not in v for v in s1.data.params.values())
+    params = s1.data.params
+    assert params["datalist.source"] == "synthetic" and params["epochs"] == "1" and params["method"] == method
+    assert params["network_def._target_"] == "lungcal.mil.LogSumExpMIL" and params["network_def.attn_dim"] == "64"
+    assert all(str(tiny_cohort.parent) not in v for v in params.values())
     ckdir = store / "checkpoints" / s1.info.run_id
     assert (ckdir / "best.pt").is_file() and (ckdir / "last.pt").is_file()
     assert not list(ckdir.glob(".*.tmp"))
+    ck = torch.load(ckdir / "best.pt", weights_only=True)
+    assert ck["network_def"]["encoder"] == {"_target_": "lungcal.mil.SmallCNNEncoder", "embed_dim": 64}
+    assert json.loads(ck["bag_params"])["patch_size"] == 8
+
+
+def test_encoder_swap_by_config_trains_and_las_and_inference_rebuild_it(tiny_cohort, store, tmp_path, monkeypatch):
+    run_bundle("nlst_focal", monkeypatch, **tiny(tiny_cohort, store, run_name="t-resnet10", network_def=RESNET10,
+                                                   embed_dim=16))
+    s1 = _stage1_run(store, "t-resnet10")
+    ck = torch.load(store / "checkpoints" / s1.info.run_id / "best.pt", weights_only=True)
+    assert ck["network_def"]["encoder"]["_target_"] == "monai.networks.nets.resnet10"
+    assert ck["network_def"]["encoder"]["num_classes"] == 16
+    assert any(k.startswith("encoder.layer4.") for k in ck["state_dict"])
+    assert s1.data.params["network_def.encoder._target_"] == "monai.networks.nets.resnet10"
+    run_bundle("nlst_las", monkeypatch, datalist=str(tiny_cohort), output_dir=str(store), epochs=2, n_bootstrap=20,
+               num_workers=0, stage1_run_id=s1.info.run_id, run_name="t-resnet10-las")
+    _, las = _runs(store, **{TAG_PARENT: s1.info.run_id, TAG_STAGE2: "las"})
+    assert las and las[0].info.status == "FINISHED"
+    out = tmp_path / "pred"
+    run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(out), output_dir=str(store),
+               num_workers=0, stage1_run_id=s1.info.run_id)
+    assert len(list(csv.DictReader(open(out / "predictions.csv")))) == 15
+
+
+def test_loss_swap_by_config_is_the_loss_the_trainer_uses(tiny_cohort, store, monkeypatch):
+    adaptive = {"_target_": "lungcal.calibration.losses.FocalLossAdaptiveGamma"}
+    run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store, run_name="t-ce-ref"))
+    run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store, run_name="t-ce-adaptive", loss=adaptive))
+    ref, swapped = _stage1_run(store, "t-ce-ref"), _stage1_run(store, "t-ce-adaptive")
+    assert ref.data.params["loss._target_"] == "torch.nn.CrossEntropyLoss"
+    assert swapped.data.params["loss._target_"] == "lungcal.calibration.losses.FocalLossAdaptiveGamma"
+    # same seed, same first batches: focal terms (1 - p)^gamma < 1 make every per-sample loss smaller than CE's
+    assert swapped.data.metrics["train/loss"] < ref.data.metrics["train/loss"]
 
 
 def test_las_bundle_from_latest_stage1_run(tiny_cohort, store, monkeypatch):
-    if not (store / "mlflow.db").exists():
-        run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store))
-    client, s1 = _runs(store, **{tracking.TAG_STAGE2: "none"})
+    run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store, run_name="t-las-parent"))
+    s1 = _stage1_run(store, "t-las-parent")
     run_bundle("nlst_las", monkeypatch, datalist=str(tiny_cohort), output_dir=str(store), epochs=2, n_bootstrap=20,
-               num_workers=0)
-    _, las = _runs(store, **{tracking.TAG_STAGE2: "las"})
+               num_workers=0, las_shape="linear")
+    _, las = _runs(store, **{TAG_STAGE2: "las"})
     assert las and las[0].info.status == "FINISHED"
-    assert las[0].data.tags[tracking.TAG_PARENT] == s1[0].info.run_id
+    assert las[0].data.tags[TAG_PARENT] == s1.info.run_id
     assert "test/ece" in las[0].data.metrics
-    assert las[0].data.params["class_counts"].startswith("[")
+    assert las[0].data.params["class_counts"].startswith("[") and las[0].data.params["las_shape"] == "linear"
 
 
 def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store, tmp_path, monkeypatch):
@@ -141,15 +194,26 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
     assert len(tables) == 15
     cand = list(csv.DictReader(open(tables[0])))
     assert cand and {"x_mm", "y_mm", "z_mm", "attention"} <= set(cand[0])
-    att = sum(float(c["attention"]) for c in cand)
-    assert att == pytest.approx(1.0, abs=1e-4)
+    assert sum(float(c["attention"]) for c in cand) == pytest.approx(1.0, abs=1e-4)
     # the temperature is the reference one unless a site's own recalibration is asked for
     temps = {float(r["temperature"]) for r in rows}
-    latest = _runs(store, **{tracking.TAG_STAGE2: "none"})[1][0]
+    latest = _runs(store, **{TAG_STAGE2: "none"})[1][0]
     assert len(temps) == 1
-    assert temps.pop() == pytest.approx(tracking.linked_temperature(tracking.default_tracking_uri(store), latest), abs=6e-5)  # the CSV holds 4 decimals
+    assert temps.pop() == pytest.approx(linked_temperature(default_tracking_uri(store), latest), abs=6e-5)
     with pytest.raises(Exception) as info:
         run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(tmp_path / "p2"),
                    output_dir=str(store), num_workers=0, site="nowhere")
-    chain = _cause_chain(info.value)
-    assert any("recalibrate" in str(x) for x in chain), chain
+    assert "recalibrate" in str(find_lungcal_error(info.value))
+
+
+def test_user_error_under_monai_bundle_run_is_one_line_and_exit_code_2(tmp_path):
+    missing = tmp_path / "no_such_datalist.json"
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/inference.json",
+           "--inputs", str(missing), "--output_dir", str(tmp_path / "runs")]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lungcal: error:")]
+    assert len(errors) == 1
+    assert str(missing) in errors[0] and "inputs not found" in errors[0] and "Fix:" in errors[0]

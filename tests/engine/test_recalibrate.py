@@ -11,11 +11,17 @@ import json
 import numpy as np
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
-from lungcal.engine import recalibrate as R
+from lungcal.calibration.metrics import ece
 from lungcal.calibration.scaling import TemperatureScaler
-from lungcal.tracking import RunTracker
+from lungcal.cli import main
+from lungcal.engine import recalibrate as recalibrate_module
+from lungcal.engine.evaluate import probabilities
+from lungcal.engine.recalibrate import format_summary, recalibrate
 from lungcal.errors import ConfigError, DataError
+from lungcal.mil.models import build_mil_model
+from lungcal.tracking import RunTracker, linked_temperature
 
 
 def _overconfident(n, seed, scale):
@@ -29,8 +35,6 @@ def _overconfident(n, seed, scale):
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """A datalist, a stage-1 checkpoint, a stage-1 MLflow run holding it, and fake predictions."""
-    from lungcal.mil.models import build_mil_model
-
     rows = [{"image": f"ct{i}.nii.gz", "label": i % 2, "subject": f"s{i:03d}", "site": "site-b",
              "split": ("train", "val", "test")[i % 3]} for i in range(30)]
     for r in rows:
@@ -58,15 +62,11 @@ def site(tmp_path, monkeypatch):
         return {"logits": logits, "labels": y, "attention": torch.full((len(y), 4), 0.25),
                 "subjects": [f"p{i}" for i in range(len(y))], "candidates": None}
 
-    monkeypatch.setattr(R, "_predict", fake_predict)
+    monkeypatch.setattr(recalibrate_module, "_predict", fake_predict)
     return {"datalist": dl, "checkpoint": ck, "uri": uri, "parent": parent, "fake": fake, "tmp": tmp_path}
 
 
 def test_recalibrate_fits_on_val_only_and_logs_linked_run(site, capsys):
-    from mlflow.tracking import MlflowClient
-
-    from lungcal.cli import main
-
     rc = main(["recalibrate", "--model", site["parent"], "--datalist", str(site["datalist"]),
                "--tracking-uri", site["uri"], "--output-dir", str(site["tmp"] / "out"), "--n-bootstrap", "200"])
     out = capsys.readouterr().out
@@ -96,41 +96,34 @@ def test_recalibrate_fits_on_val_only_and_logs_linked_run(site, capsys):
 
 
 def test_recalibrate_from_checkpoint_without_logging(site):
-    res = R.recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], n_bootstrap=0, log=False,
+    res = recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], n_bootstrap=0, log=False,
                         output_dir=site["tmp"] / "out")
     assert res["run_id"] is None and res["parent_run"] is None and res["stage1"] == "focal"
     assert res["after"]["ece"] < res["before"]["ece"] and res["n_val"] == 10 and res["n_test"] == 10
-    assert "local TS" in R.format_summary(res) and res["reference"] is None
+    assert "local TS" in format_summary(res) and res["reference"] is None
 
 
 def test_recalibrate_user_errors(site, tmp_path):
     with pytest.raises(DataError, match="datalist not found"):
-        R.recalibrate(str(site["checkpoint"]), tmp_path / "nope.json", tracking_uri=site["uri"])
+        recalibrate(str(site["checkpoint"]), tmp_path / "nope.json", tracking_uri=site["uri"])
     bad = tmp_path / "noval.json"
     rows = [r for r in json.loads(site["datalist"].read_text())["rows"] if r["split"] != "val"]
     for r in rows:
         r["image"] = str(site["tmp"] / r["image"])
     bad.write_text(json.dumps({"version": 1, "source": "x", "rows": rows}))
     with pytest.raises(DataError, match="no 'val' rows"):
-        R.recalibrate(str(site["checkpoint"]), bad, tracking_uri=site["uri"])
+        recalibrate(str(site["checkpoint"]), bad, tracking_uri=site["uri"])
     with pytest.raises(ConfigError):
-        R.recalibrate("0123456789abcdef", site["datalist"], tracking_uri=site["uri"])
+        recalibrate("0123456789abcdef", site["datalist"], tracking_uri=site["uri"])
     notck = tmp_path / "x.pt"
     torch.save({"weights": 1}, notck)
     with pytest.raises(ConfigError, match="not a lungcal stage-1 checkpoint"):
-        R.recalibrate(str(notck), site["datalist"], tracking_uri=site["uri"])
+        recalibrate(str(notck), site["datalist"], tracking_uri=site["uri"])
 
 
 def test_recalibrate_scores_the_reference_temperature_and_inference_picks_by_site(site, capsys):
     """With a reference TS run linked to the stage-1 run, the site's test split is also scored with
     the reference temperature; afterwards the site's own temperature is found by site name."""
-    from mlflow.tracking import MlflowClient
-
-    from lungcal.cli import main
-    from lungcal.engine.evaluate import probabilities
-    from lungcal.tracking import linked_temperature
-    from lungcal.calibration.metrics import ece
-
     client = MlflowClient(site["uri"])
     with RunTracker("nlst", "stage1+ts", tracking_uri=site["uri"], parent_run_id=site["parent"],
                     tags={"lungcal.stage1": "focal", "lungcal.stage2": "ts"}) as tr:

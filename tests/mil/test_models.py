@@ -4,8 +4,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lungcal.calibration.las import retrain_head_las
+from lungcal.engine.stage2 import apply_head
 from lungcal.errors import ConfigError
-from lungcal.mil import AttentionMIL, GatedAttentionPool, NoisyORMIL, SmallCNNEncoder, build_mil_model, masked_softmax
+from lungcal.mil import (
+    AttentionMIL,
+    GatedAttentionPool,
+    LogSumExpHead,
+    NoisyORMIL,
+    SmallCNNEncoder,
+    build_mil_model,
+    masked_softmax,
+)
 
 P = 12
 
@@ -169,8 +179,6 @@ def test_tta_flips_is_eval_only_flip_invariant_and_the_mean_of_the_8_flips(head)
 
 
 def test_log_sum_exp_head_is_a_sum_of_odds_that_counts():
-    from lungcal.mil import LogSumExpHead
-
     torch.manual_seed(0)
     head = LogSumExpHead(6, attn_dim=4).eval()
     with torch.no_grad():
@@ -194,9 +202,6 @@ def test_log_sum_exp_head_is_a_sum_of_odds_that_counts():
 
 
 def test_las_retrains_a_per_instance_head_on_3d_features():
-    from lungcal.calibration.las import retrain_head_las
-    from lungcal.engine.stage2 import apply_head
-
     torch.manual_seed(0)
     model = build_mil_model(head="lse", embed_dim=8, patch_size=P).eval()
     bags, mask = _bags(b=6, k=5)
@@ -216,8 +221,6 @@ def test_las_retrains_a_per_instance_head_on_3d_features():
 
 
 def test_apply_head_keeps_the_pool_weights_of_an_attention_model():
-    from lungcal.engine.stage2 import apply_head
-
     model = build_mil_model(head="attention", embed_dim=8, patch_size=P).eval()
     bags, mask = _bags(b=3, k=4)
     with torch.no_grad():

@@ -3,7 +3,7 @@ import itertools
 
 import torch
 
-from lungcal.engine.workflow import BagSet, random_orientation
+from lungcal.engine.bagset import BagSet, random_orientation
 
 
 def _bag(k=3, p=6):

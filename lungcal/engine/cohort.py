@@ -1,0 +1,165 @@
+"""Datalist -> cached bags -> per-split tensors: the bag-extraction step of the CT bundles.
+
+:class:`CTCohort` (bundle id ``cohort``) takes the bundle's ``preprocessing`` chain and
+``detector`` objects and builds (or reuses) one cached bag per CT with
+:func:`lungcal.candidates.cache.build_bags`. The cache key is unchanged from the name-based
+bundles: it hashes the bag parameters (spacing, HU window, K, P), the detector's settings and the
+code of ``lungcal.ct``, so entries written before the move are reused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lungcal.candidates.cache import BagParams, build_bags, load_bag
+from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
+from lungcal.data.synthetic import ensure_demo_cohort
+from lungcal.engine.bagset import BagSet
+from lungcal.errors import ConfigError, DataError
+from lungcal.paths import default_output_dir
+from lungcal.tracking import file_digest
+
+__all__ = ["SPLITS", "resolve_output_dir", "load_split", "ChainPreprocess", "CTCohort"]
+
+SPLITS = ("train", "val", "test")
+
+
+def resolve_output_dir(output_dir: str | os.PathLike | None) -> Path:
+    """``output_dir`` (absolute, created), or the project default (``runs/`` or ``$LUNGCAL_HOME``)."""
+    out = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def load_split(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Stack the cached bags of ``entries`` (rows returned by ``build_bags``)."""
+    loaded = [load_bag(e["bag"]) for e in entries]
+    if not loaded:
+        return {"bags": torch.empty(0), "mask": torch.empty(0, dtype=torch.bool),
+                "labels": torch.empty(0, dtype=torch.long), "subjects": [], "candidates": []}
+    return {
+        "bags": torch.from_numpy(np.stack([d["bag"] for d in loaded]).astype(np.float32)),
+        "mask": torch.from_numpy(np.stack([d["mask"] for d in loaded]).astype(bool)),
+        "labels": torch.tensor([int(e.get("label", -1)) for e in entries], dtype=torch.long),
+        "subjects": [str(e.get("subject", f"ct{i:04d}")) for i, e in enumerate(entries)],
+        "candidates": [{"world": d["world"], "score": d["score"], "radius_mm": d["radius_mm"]} for d in loaded],
+    }
+
+
+class ChainPreprocess:
+    """``preprocess(path, **ignored)`` for :func:`build_bags` from a preprocessing chain on ``{"image": path}``."""
+
+    def __init__(self, chain: Callable[[dict], Mapping[str, Any]]) -> None:
+        self.chain = chain
+
+    def __call__(self, path, **_: Any) -> dict[str, Any]:
+        out = self.chain({"image": str(path)})
+        return {"image": out["image"], "lung_mask": out["lung_mask"]}
+
+
+class CTCohort:
+    """The CTs of a datalist (or the built-in synthetic cohort) as cached bags, per split.
+
+    Args:
+        datalist: datalist JSON; ``None`` uses the built-in synthetic cohort (generated once).
+        preprocessing: the CT chain, ``{"image": path} -> {"image", "lung_mask"}``
+            (``lungcal.ct.transforms.build_preprocess``); built with ``spacing`` and ``hu_window``.
+        detector: a nodule-candidate detector dataclass (``LoGBlobDetector``); its settings go into
+            the cache key.
+        spacing, hu_window, k, patch_size: bag parameters (part of the cache key).
+        output_dir: data and caches go under it (``data/``, ``cache/bags``).
+        num_workers: bag-building processes (0 = in-process).
+        demo_subjects: size of the synthetic cohort when it is generated (``None``: its default).
+    """
+
+    def __init__(self, datalist: str | None, preprocessing: Callable | None = None, detector: Any = None,
+                 spacing: Sequence[float] = (2.5, 2.5, 2.5), hu_window: Sequence[float] = (-1000, 400), k: int = 8,
+                 patch_size: int = 16, output_dir: str | os.PathLike | None = None, num_workers: int = 2,
+                 demo_subjects: int | None = None) -> None:
+        self.datalist = datalist
+        self.output_dir = resolve_output_dir(output_dir)
+        detector_kwargs = {} if detector is None else dataclasses.asdict(detector)
+        if detector is not None and type(detector).__name__ != "LoGBlobDetector":
+            raise ConfigError(f"the bag cache builds LoGBlobDetector candidates, got {type(detector).__name__}",
+                              field="detector", fix="use lungcal.candidates.detector.LoGBlobDetector")
+        self.bag_params = {"spacing": [float(s) for s in spacing], "hu_window": [float(h) for h in hu_window],
+                           "k": int(k), "patch_size": int(patch_size)}
+        if detector_kwargs != dataclasses.asdict(BagParams().make_detector()):
+            self.bag_params["detector"] = detector_kwargs
+        self.preprocess = ChainPreprocess(preprocessing) if preprocessing is not None else None
+        self.num_workers = int(num_workers)
+        self.demo_subjects = demo_subjects
+        self.splits: dict[str, dict[str, Any]] = {}
+        self.source, self.digest, self.site = "synthetic", "", "synthetic"
+
+    @classmethod
+    def with_bag_params(cls, datalist: str | None, bag_params: Mapping[str, Any], **kwargs: Any) -> CTCohort:
+        """A cohort whose bags use stored ``bag_params`` (a stage-1 checkpoint's), i.e. the same cache entries."""
+        cohort = cls(datalist, **kwargs)
+        cohort.bag_params = dict(bag_params)
+        return cohort
+
+    @property
+    def isotropic(self) -> bool:
+        spacing = np.asarray(self.bag_params["spacing"], float)
+        return bool(np.allclose(spacing, spacing[0]))
+
+    def datalist_path(self) -> Path:
+        if self.datalist in (None, "", "synthetic"):
+            kw = {} if self.demo_subjects is None else {"n_subjects": int(self.demo_subjects)}
+            return Path(ensure_demo_cohort(self.output_dir / "data", **kw))
+        path = Path(str(self.datalist)).expanduser()
+        if not path.is_file():
+            raise DataError("datalist not found", file=path, field="datalist",
+                            fix="pass a datalist JSON made by `lungcal import-nlst`/`import-site`/`synth`, "
+                                "or omit --datalist for the built-in synthetic cohort")
+        return path
+
+    def load(self, splits: Sequence[str] = SPLITS) -> CTCohort:
+        """Build (or reuse) the bags of ``splits`` once; later calls return at once."""
+        if all(s in self.splits for s in splits):
+            return self
+        path = self.datalist_path()
+        rows = load_manifest(path)
+        self.source = manifest_source(path) if self.datalist not in (None, "", "synthetic") else "synthetic"
+        self.digest = file_digest(path)
+        sites = sorted({str(r.get("site", "")) for r in rows if r.get("site")})
+        self.site = ",".join(sites) if sites else "unknown"
+        wanted = [r for s in splits for r in rows_for_split(rows, s)]
+        built = build_bags(wanted, self.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers,
+                           preprocess=self.preprocess)
+        for s in splits:
+            self.splits[s] = load_split([e for e in built if e.get("split") == s])
+        return self
+
+    def split(self, name: str) -> dict[str, Any]:
+        """The tensors of split ``name`` (``DataError`` when the datalist has none)."""
+        data = self.load().splits[name]
+        if len(data["subjects"]) == 0:
+            raise DataError(f"the datalist has no '{name}' rows", field="split",
+                            fix="give the datalist train, val and test rows (lungcal check-data shows the counts)")
+        return data
+
+    def dataset(self, name: str, augment: bool = False, seed: int = 0) -> BagSet:
+        """A :class:`BagSet` of split ``name`` (bundle ids ``train#dataset`` / ``validate#dataset``)."""
+        data = self.split(name)
+        return BagSet(data["bags"], data["mask"], data["labels"], augment=augment, isotropic=self.isotropic, seed=seed)
+
+    def loader(self, name: str, batch_size: int, shuffle: bool = False, seed: int = 0,
+               augment: bool = False) -> torch.utils.data.DataLoader:
+        """A single-process loader of split ``name``; shuffling uses its own generator seeded by ``seed``."""
+        return make_loader(self.dataset(name, augment, seed), batch_size, shuffle, seed)
+
+
+def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, shuffle: bool = False,
+                seed: int = 0) -> torch.utils.data.DataLoader:
+    """``DataLoader`` in the main process with its own generator (the global RNG is not consumed by shuffling)."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return torch.utils.data.DataLoader(dataset, batch_size=int(batch_size), shuffle=bool(shuffle), generator=generator,
+                                       num_workers=0)

@@ -1,0 +1,143 @@
+"""Ignite handlers of the stage-1 trainer (bundle ``train#handlers``): MLflow epoch logging and checkpoints.
+
+Both are built by the bundle before the MLflow run exists; the stage-1 run step binds them to its
+run (:meth:`EpochMetricsLogger.bind`, :meth:`AtomicCheckpoint.bind`) just before training.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ignite.engine import Events
+from torch import nn
+
+from lungcal.paths import atomic_write
+
+__all__ = ["atomic_torch_save", "EpochMetricsLogger", "AtomicCheckpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
+    """``torch.save`` through :func:`lungcal.paths.atomic_write` (never half a file)."""
+    with atomic_write(path) as f:
+        torch.save(obj, f)
+    return Path(path)
+
+
+class EpochMetricsLogger:
+    """Per-epoch ``train/loss``, ``train/lr`` and the evaluator's ``val/*`` metrics, sent to a ``log(metrics, step)``.
+
+    Args:
+        evaluator: the validation engine (its metrics are read after each validation).
+        log: the sink, usually ``RunTracker.log_metrics``; set later with :meth:`bind`.
+    """
+
+    def __init__(self, evaluator, log: Callable[[Mapping[str, float], int], None] | None = None) -> None:
+        self.evaluator = evaluator
+        self.log = log
+        self._losses: list[float] = []
+
+    def bind(self, log: Callable[[Mapping[str, float], int], None]) -> None:
+        self.log = log
+
+    def _emit(self, metrics: Mapping[str, float], step: int) -> None:
+        if self.log is not None:
+            self.log(metrics, step)
+
+    def _epoch_loss(self) -> float:
+        # the validation runs inside the trainer's EPOCH_COMPLETED, possibly before the train line:
+        # read the losses of the epoch directly
+        return float(np.mean(self._losses)) if self._losses else float("nan")
+
+    def attach(self, trainer) -> None:
+        trainer.add_event_handler(Events.EPOCH_STARTED, self._reset)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, self._loss)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self._train)
+        self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._val, trainer)
+
+    def _reset(self, engine) -> None:
+        self._losses = []
+
+    def _loss(self, engine) -> None:
+        self._losses.append(float(engine.state.output["loss"]))
+
+    def _train(self, engine) -> None:
+        lr = engine.optimizer.param_groups[0]["lr"]
+        self._emit({"train/loss": self._epoch_loss(), "train/lr": lr}, engine.state.epoch)
+
+    def _val(self, engine, trainer) -> None:
+        m = {f"val/{k[4:] if k.startswith('val_') else k}": v for k, v in engine.state.metrics.items()
+             if isinstance(v, (int, float))}
+        self._emit(m, trainer.state.epoch)
+        if trainer.state.epoch:  # one progress line per epoch (the run's only console output while training)
+            logger.info("epoch %d/%d  train loss %.4f  val AUC %.3f  ECE %.3f", trainer.state.epoch,
+                        trainer.state.max_epochs, self._epoch_loss(),
+                        m.get("val/auc", float("nan")), m.get("val/ece", float("nan")))
+
+
+class AtomicCheckpoint:
+    """Keeps ``best.pt`` (highest ``metric_name`` on the evaluator) and ``last.pt`` (each epoch).
+
+    A checkpoint is ``{"state_dict", "epoch", "metric", **extra}``; ``extra`` carries what is
+    needed to rebuild the model (see :mod:`lungcal.engine.checkpoint`). Files are written
+    atomically. The first epoch is always saved, then only strict improvements; a NaN metric (a
+    one-class validation split) never wins later.
+
+    Args:
+        network: the trained network.
+        evaluator: the validation engine whose ``metric_name`` picks the best epoch.
+        metric_name: key of ``evaluator.state.metrics``.
+        directory / extra: set now or by :meth:`bind`.
+    """
+
+    def __init__(self, network: nn.Module, evaluator, metric_name: str = "val_auc",
+                 directory: str | os.PathLike | None = None, extra: Mapping[str, Any] | None = None) -> None:
+        self.network = network
+        self.evaluator = evaluator
+        self.metric_name = metric_name
+        self.dir = Path(directory) if directory is not None else None
+        self.extra = dict(extra or {})
+        self.best_metric = -math.inf
+        self.best_epoch = 0
+
+    def bind(self, directory: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> None:
+        self.dir = Path(directory)
+        self.extra.update(extra or {})
+
+    @property
+    def best_path(self) -> Path:
+        return self._dir() / "best.pt"
+
+    @property
+    def last_path(self) -> Path:
+        return self._dir() / "last.pt"
+
+    def _dir(self) -> Path:
+        if self.dir is None:
+            raise RuntimeError("AtomicCheckpoint has no directory: call bind() before training")
+        return self.dir
+
+    def _payload(self, epoch: int, metric: float) -> dict:
+        sd = {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
+        return {"state_dict": sd, "epoch": int(epoch), "metric": float(metric), **self.extra}
+
+    def attach(self, trainer) -> None:
+        self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._on_val, trainer)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self._on_epoch)
+
+    def _on_val(self, engine, trainer) -> None:
+        value = float(engine.state.metrics.get(self.metric_name, float("nan")))
+        if self.best_epoch == 0 or (not math.isnan(value) and value > self.best_metric):
+            self.best_metric = value if not math.isnan(value) else -math.inf
+            self.best_epoch = trainer.state.epoch
+            atomic_torch_save(self._payload(trainer.state.epoch, value), self.best_path)
+
+    def _on_epoch(self, engine) -> None:
+        atomic_torch_save(self._payload(engine.state.epoch, self.best_metric), self.last_path)

@@ -1,0 +1,136 @@
+"""The run step of ``bundles/inference.json``: calibrated probabilities for new CTs, with a candidates table.
+
+The model is a stage-1 run or checkpoint (:func:`lungcal.engine.checkpoint.load_stage1`); with a
+run, the temperature of its linked TS run is applied: the reference one fitted by the stage-1
+bundle or, with ``site``, the one ``lungcal recalibrate`` fitted at that site.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lungcal.candidates.cache import build_bags
+from lungcal.data.manifest import load_manifest
+from lungcal.engine.bagset import BagSet
+from lungcal.engine.checkpoint import load_stage1
+from lungcal.engine.cohort import load_split, resolve_output_dir
+from lungcal.engine.evaluate import probabilities
+from lungcal.engine.predict import predict
+from lungcal.errors import ConfigError, DataError
+from lungcal.paths import atomic_write
+from lungcal.runtime import resolve_device
+from lungcal.tracking import default_tracking_uri, linked_temperature
+
+__all__ = ["CT_SUFFIXES", "InferenceRun"]
+
+logger = logging.getLogger(__name__)
+
+CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
+
+
+class InferenceRun:
+    """Calibrated probabilities for new CTs, with a candidates table per CT.
+
+    Args:
+        inputs: a datalist JSON, or a folder of CTs (each NIfTI/MHD/NRRD file or DICOM series
+            folder directly inside it is one CT).
+        stage1_run_id / checkpoint: the model (default: latest finished stage-1 run).
+        temperature: overrides the temperature (1.0 = uncalibrated) when set.
+        site: use the temperature recalibrated at this site (``lungcal recalibrate``).
+        output: folder for ``predictions.csv`` and ``candidates/<subject>.csv``
+            (default ``<output_dir>/inference/<timestamp>``).
+        output_dir, tracking_uri, device, num_workers, batch_size: as for the stage-1 bundles.
+    """
+
+    def __init__(self, inputs: str | None = None, stage1_run_id: str | None = None, checkpoint: str | None = None,
+                 temperature: float | None = None, output: str | None = None,
+                 output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
+                 device: str | None = "auto", num_workers: int = 2, batch_size: int = 16,
+                 site: str | None = None) -> None:
+        if not inputs:
+            raise ConfigError("no inputs given", field="inputs", fix="pass --inputs <datalist.json or folder of CTs>")
+        self.output_dir = resolve_output_dir(output_dir)
+        self.tracking_uri = tracking_uri or default_tracking_uri(self.output_dir)
+        self.stage1_run_id, self.checkpoint = stage1_run_id, checkpoint
+        self.inputs = Path(str(inputs)).expanduser()
+        self.temperature = temperature
+        self.site = str(site) if site else None
+        self.output = Path(output) if output else self.output_dir / "inference" / time.strftime("%Y%m%d-%H%M%S")
+        self.device = resolve_device(device)
+        self.num_workers, self.batch_size = int(num_workers), int(batch_size)
+
+    def rows(self) -> list[dict]:
+        """Datalist rows of the inputs; a folder's CTs get pseudonyms by position (file names may carry identifiers)."""
+        if self.inputs.is_file():
+            return load_manifest(self.inputs)
+        if not self.inputs.is_dir():
+            raise DataError("inputs not found", file=self.inputs, field="inputs",
+                            fix="pass a datalist JSON or a folder of CTs")
+        items = sorted(p for p in self.inputs.iterdir() if not p.name.startswith("."))
+        cts = [p for p in items if p.is_dir() or p.name.lower().endswith(CT_SUFFIXES)]
+        if not cts:
+            raise DataError("no CT found in the folder", file=self.inputs, field="inputs",
+                            fix="put one NIfTI/MHD/NRRD file or DICOM series folder per CT in it")
+        return [{"image": str(p), "label": -1, "subject": f"ct{i:04d}", "site": "inference", "split": "test"}
+                for i, p in enumerate(cts)]
+
+    def resolve_temperature(self, run) -> float:
+        """The explicit temperature, else the run's linked (reference or site) TS temperature, else 1."""
+        if self.temperature is not None:
+            return float(self.temperature)
+        if run is None:
+            if self.site:
+                raise ConfigError("--site needs the model as an MLflow run", field="site",
+                                  fix="pass --stage1_run_id, or --temperature <T> with a checkpoint")
+            return 1.0
+        temp = linked_temperature(self.tracking_uri, run, site=self.site)
+        if temp is not None:
+            return temp
+        if self.site:
+            raise ConfigError(f"run {run.info.run_id} has no finished TS run recalibrated at site {self.site!r}",
+                              field="site", fix=f"run `lungcal recalibrate --model {run.info.run_id} --datalist "
+                                                "<site.json>` first, or drop --site to use the reference temperature")
+        logger.warning("no finished TS run linked to %s: probabilities are uncalibrated", run.info.run_id)
+        return 1.0
+
+    def run(self) -> dict[str, Any]:
+        """Write ``predictions.csv`` (subject, probability, temperature) and per-CT candidate tables."""
+        rows = self.rows()
+        stage1 = load_stage1(self.stage1_run_id, self.tracking_uri, checkpoint=self.checkpoint, device=self.device)
+        temp = self.resolve_temperature(stage1.run)
+        for r in rows:
+            r.setdefault("label", -1)
+        built = build_bags(rows, stage1.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers)
+        split = load_split(built)
+        labels = torch.zeros(len(built), dtype=torch.long)
+        loader = torch.utils.data.DataLoader(BagSet(split["bags"], split["mask"], labels), batch_size=self.batch_size,
+                                             shuffle=False)
+        out = predict(stage1.network, loader, self.device)
+        p = probabilities(out["logits"], temp)[:, 1]
+        self._write(split, out["attention"], p, temp)
+        print(f"== lungcal inference ==\n  {len(rows)} CT(s), temperature {temp:.3f}\n  written to {self.output}",
+              flush=True)
+        return {"output": str(self.output), "temperature": temp, "probabilities": p.tolist()}
+
+    def _write(self, split, attention: torch.Tensor, p, temp: float) -> None:
+        with atomic_write(self.output / "predictions.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["subject", "probability", "temperature", "top_candidate", "top_attention"])
+            for i, subj in enumerate(split["subjects"]):
+                att = attention[i].numpy()
+                j = int(att.argmax())
+                w.writerow([subj, f"{p[i]:.6f}", f"{temp:.4f}", j, f"{att[j]:.6f}"])
+        for i, subj in enumerate(split["subjects"]):
+            c, att = split["candidates"][i], attention[i].numpy()
+            with atomic_write(self.output / "candidates" / f"{subj}.csv", "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(["slot", "x_mm", "y_mm", "z_mm", "radius_mm", "score", "attention"])
+                for j in range(len(c["score"])):
+                    w.writerow([j, *(f"{v:.2f}" for v in c["world"][j]), f"{c['radius_mm'][j]:.2f}",
+                                f"{c['score'][j]:.4f}", f"{att[j]:.6f}"])

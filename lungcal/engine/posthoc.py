@@ -1,0 +1,66 @@
+"""The post-hoc step of a stage-1 bundle: calibrators fitted on validation logits, each in a linked run.
+
+Bundle key ``post_hoc`` (default ``["ts"]``): for each name of
+:data:`lungcal.calibration.scaling.CALIBRATORS` a calibrator is fitted on the *validation* logits
+of the trained network, applied to the test logits and logged as a child run of the stage-1 run
+(``lungcal.stage2 = <name>``, ``lungcal.calibrator = <name>``, ``lungcal.parent_run``), with the
+test report, plots, predictions and the calibrator's JSON state. Temperature scaling also logs the
+``temperature`` metric, which inference and ``lungcal recalibrate`` read back
+(:func:`lungcal.tracking.linked_temperature`).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lungcal.calibration.scaling import make_calibrator
+from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
+from lungcal.paths import atomic_write_text
+from lungcal.tracking import CT_EXPERIMENT, TAG_CALIBRATOR, RunTracker
+
+__all__ = ["PostHocResult", "run_post_hoc"]
+
+
+class PostHocResult(dict):
+    """``{"name", "run_id", "test" (report), "temperature" (ts only)}``."""
+
+
+def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tags: Callable[[str], Mapping[str, str]],
+                 params: Mapping[str, Any], val_logits: torch.Tensor, val_labels: torch.Tensor,
+                 test_logits: torch.Tensor, test: Mapping[str, Any], test_attention: torch.Tensor, n_bins: int,
+                 n_bootstrap: int, seed: int, tracking_uri: str, workdir: Path, title: str,
+                 experiment: str = CT_EXPERIMENT) -> list[PostHocResult]:
+    """Fit each calibrator of ``names`` on validation, evaluate on test, log a linked run per calibrator."""
+    results = []
+    for name in names:
+        calibrator = make_calibrator(name).fit(val_logits, val_labels)
+        temperature = float(calibrator.temperature) if name == "ts" else None
+        if temperature is not None:  # softmax(z / T) in float64, as the reference temperature is applied later
+            probs = probabilities(test_logits, temperature)
+        else:
+            probs = np.asarray(calibrator.predict_proba(test_logits.numpy()), dtype=np.float64)
+        report = evaluate_probs(probs, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
+        with RunTracker(experiment, f"{run_name}+{name}", tracking_uri=tracking_uri,
+                        tags={**tags(name), TAG_CALIBRATOR: name}, parent_run_id=stage1_run_id) as tracker:
+            tracker.log_params({**params, "stage2": name, "fit_split": "val"})
+            info = {"calibrator": name, "fit_split": "val", "stage1_run": stage1_run_id}
+            if temperature is not None:
+                tracker.log_metrics({"temperature": temperature})
+                info["temperature"] = temperature
+            tracker.log_dict(info, "config/resolved.json")
+            log_split(tracker, "test", probs, test["labels"], report, n_bins=n_bins, subjects=test["subjects"],
+                      attention=test_attention, candidates=test["candidates"], workdir=workdir / name,
+                      title=f"{title}+{name.upper()}")
+            state = atomic_write_text(workdir / name / f"{name}.json", calibrator.to_json())
+            tracker.log_artifact(state, "calibrator")
+            if temperature is not None:
+                ts_path = atomic_write_text(workdir / "temperature.json",
+                                            json.dumps({"temperature": temperature, "stage1_run": stage1_run_id}))
+                tracker.log_artifact(ts_path, "calibrator")
+            results.append(PostHocResult(name=name, run_id=tracker.run_id, test=report, temperature=temperature))
+    return results

@@ -1,0 +1,61 @@
+"""Stage-1 checkpoints: network_def is rebuilt by MONAI's parser; old model_config checkpoints still load."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from monai.bundle import ConfigParser
+
+from lungcal.engine.bundle_config import resolved_section
+from lungcal.engine.checkpoint import bag_params_of, build_network, load_checkpoint, load_stage1, network_config
+from lungcal.errors import ConfigError
+from lungcal.mil import LogSumExpMIL, build_mil_model
+
+NETWORK_DEF = {"_target_": "lungcal.mil.LogSumExpMIL",
+               "encoder": {"_target_": "monai.networks.nets.resnet10", "spatial_dims": 3, "n_input_channels": 1,
+                           "num_classes": "@embed_dim"},
+               "embed_dim": "@embed_dim", "attn_dim": 8, "tta_flips": True}
+
+
+def _inputs():
+    torch.manual_seed(3)
+    return torch.rand(2, 3, 1, 8, 8, 8), torch.tensor([[True, True, False], [True, False, False]])
+
+
+def test_resolved_network_def_rebuilds_the_same_network_without_the_bundle(tmp_path):
+    parser = ConfigParser({"embed_dim": 12, "network_def": NETWORK_DEF})
+    spec = resolved_section("network_def", parser)
+    assert spec["embed_dim"] == 12 and spec["encoder"]["num_classes"] == 12
+    net = parser.get_parsed_content("network_def").eval()
+    path = tmp_path / "best.pt"
+    torch.save({"state_dict": net.state_dict(), "network_def": spec, "bag_params": json.dumps({"k": 3})}, path)
+    ck = load_checkpoint(path)
+    assert network_config(ck) == {"network_def": spec} and bag_params_of(ck) == {"k": 3}
+    stage1 = load_stage1(str(path), "sqlite:///unused.db")
+    assert isinstance(stage1.network, LogSumExpMIL) and stage1.run is None and not stage1.network.training
+    bags, mask = _inputs()
+    with torch.no_grad():
+        assert torch.equal(stage1.network(bags, mask)[0], net(bags, mask)[0])
+
+
+def test_old_model_config_checkpoints_still_load(tmp_path):
+    cfg = {"encoder": "small", "head": "attention", "embed_dim": 16, "attn_dim": 8, "patch_size": 8, "num_classes": 2}
+    net = build_mil_model(**cfg).eval()
+    path = tmp_path / "old.pt"
+    torch.save({"state_dict": net.state_dict(), "model_config": cfg, "bag_params": json.dumps({"k": 3}),
+                "method": "focal"}, path)
+    stage1 = load_stage1(None, "sqlite:///unused.db", checkpoint=path)
+    assert stage1.stage1_name("lungcal.stage1") == "focal"
+    bags, mask = _inputs()
+    with torch.no_grad():
+        assert torch.equal(stage1.network(bags, mask)[0], net(bags, mask)[0])
+    assert type(build_network({"model_config": cfg})) is type(net)
+
+
+def test_not_a_checkpoint_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"weights": 1}, tmp_path / "x.pt")
+    with pytest.raises(ConfigError, match="not a lungcal stage-1 checkpoint"):
+        load_checkpoint(tmp_path / "x.pt")
