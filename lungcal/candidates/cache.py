@@ -19,7 +19,9 @@ Each entry holds ``bag (K, 1, P, P, P)`` float32, ``mask (K,)`` bool, the candid
 bag slots), the preprocessed volume's ``affine`` and ``spacing``, ``n_detected`` (all candidates
 the detector returned) and ``meta`` (a JSON string of the version and parameters). Writes are
 atomic: a temporary file in the cache folder, flushed, then ``os.replace``; a failure leaves no
-entry behind.
+entry behind. Each entry is built under its own inter-process lock (``filelock``), so two
+processes building overlapping datalists into one cache (two study jobs, two users) build each
+entry once; an entry that fails to load (truncated, corrupt) is rebuilt with a warning.
 
 Default parameters fit the built-in synthetic cohort (about 2.5 mm voxels): ``P = 16`` voxels is
 a 40 mm cube, enough context around nodules up to ~30 mm; ``K = 8`` candidates covers every
@@ -32,21 +34,31 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import multiprocessing as mp
 import os
-import tempfile
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import torch
+from filelock import FileLock
+from tqdm.auto import tqdm
 
 from lungcal.candidates.bags import extract_bag
 from lungcal.candidates.detector import LoGBlobDetector
-from lungcal.ct.transforms import DEFAULT_HU_WINDOW
+from lungcal.ct.transforms import DEFAULT_HU_WINDOW, preprocess_ct
+from lungcal.ct.transforms import __file__ as _ct_transforms_file
 from lungcal.errors import CacheError, ConfigError, DataError
+from lungcal.paths import atomic_write
 
-__all__ = ["CACHE_VERSION", "code_fingerprint", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags", "load_bag"]
+__all__ = ["CACHE_VERSION", "code_fingerprint", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags",
+           "load_bag"]
+
+logger = logging.getLogger(__name__)
 
 CACHE_VERSION = "bags-v1"
 _ENTRY_KEYS = ("bag", "mask", "world", "voxel", "radius_mm", "score", "affine", "spacing", "n_detected", "meta")
@@ -75,7 +87,7 @@ class BagParams:
     preprocess: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_any(cls, params: "BagParams | Mapping[str, Any] | None") -> "BagParams":
+    def from_any(cls, params: BagParams | Mapping[str, Any] | None) -> BagParams:
         """Accept a ``BagParams``, a mapping of its fields (e.g. from a bundle config) or None."""
         if params is None:
             return cls()
@@ -160,19 +172,20 @@ def _hash_file(h, f: Path, mode: str) -> None:
     h.update(b"\0")
 
 
+#: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint)
+_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "evaluate.py", "froc.py"}
+
+
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """sha256 of the source of the code that shapes a bag (CT reading/preprocessing, detector,
-    extraction), so that editing it invalidates cached bags even without a CACHE_VERSION bump."""
-    import importlib
-
+    """sha256 of the source of the code that shapes a bag (every module of ``lungcal.ct`` and
+    ``lungcal.candidates`` but the commands, series checks, cache and evaluation), so that editing
+    it invalidates cached bags even without a CACHE_VERSION bump."""
     h = hashlib.sha256()
-    for name in ("lungcal.ct.io", "lungcal.ct.transforms", "lungcal.candidates.detector", "lungcal.candidates.bags"):
-        mod = importlib.import_module(name)
-        src = getattr(mod, "__file__", None)
-        h.update(name.encode() + b"\0")
-        if src and os.path.isfile(src):
-            h.update(Path(src).read_bytes())
+    for pkg in (Path(_ct_transforms_file).parent, Path(__file__).parent):
+        for src in sorted(pkg.glob("*.py")):
+            if src.name not in _NOT_SHAPING:
+                h.update(f"{pkg.name}/{src.name}".encode() + b"\0" + src.read_bytes())
     return h.hexdigest()
 
 
@@ -181,7 +194,7 @@ def load_bag(path: str | os.PathLike) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated or corrupt
         raise CacheError(f"unreadable bag cache entry ({e})", file=path,
                          fix="delete the file; it is rebuilt on the next run") from e
     missing = [k for k in _ENTRY_KEYS if k not in out]
@@ -227,33 +240,37 @@ class BagCache:
     def load(self, key: str) -> dict[str, np.ndarray]:
         return load_bag(self.path(key))
 
+    def lock(self, key: str) -> FileLock:
+        """An inter-process lock for one entry (``<root>/.locks/<key>.lock``): one builder per entry."""
+        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        return FileLock(self.root / ".locks" / f"{key}.lock")
+
     def save(self, key: str, entry: Mapping[str, np.ndarray]) -> Path:
-        """Write ``entry`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
+        """Write ``entry`` atomically (:func:`lungcal.paths.atomic_write`: temp file, fsync, rename)."""
         missing = [k for k in _ENTRY_KEYS if k not in entry]
         if missing:
             raise ValueError(f"cache entry lacks {missing}")
-        self.root.mkdir(parents=True, exist_ok=True)
         final = self.path(key)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=self.suffix)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **{k: np.asarray(entry[k]) for k in _ENTRY_KEYS})
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with atomic_write(final) as fh:
+            np.savez(fh, **{k: np.asarray(entry[k]) for k in _ENTRY_KEYS})
         return final
 
+    def get_or_build(self, key: str, build: Callable[[], Mapping[str, np.ndarray]]) -> Path:
+        """The entry ``key``, built under its lock when missing; a corrupt entry is rebuilt with a warning.
 
-def _default_preprocess(path, **kwargs):
-    from lungcal.ct.transforms import preprocess_ct
-
-    return preprocess_ct(path, **kwargs)
+        Two processes asking for the same entry never both build it, and neither ever reads a
+        half-written file (entries appear by atomic rename).
+        """
+        final = self.path(key)
+        with self.lock(key):
+            if final.is_file():
+                try:
+                    load_bag(final)
+                    return final
+                except CacheError as e:
+                    logger.warning("rebuilding a corrupt bag cache entry %s (%s)", final.name, e.message)
+                    final.unlink(missing_ok=True)
+            return self.save(key, build())
 
 
 def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
@@ -264,7 +281,7 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
     """
     params = BagParams.from_any(params)
     resolved = params.resolved()
-    out = (preprocess or _default_preprocess)(source, **params.preprocess_kwargs())
+    out = (preprocess or preprocess_ct)(source, **params.preprocess_kwargs())
     image, lung = out["image"], out["lung_mask"]
     affine = np.asarray(image.affine.detach().cpu().numpy() if hasattr(image.affine, "detach") else image.affine,
                         np.float64) if hasattr(image, "affine") else np.eye(4)
@@ -282,19 +299,11 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
 def _build_one(source: str, params: BagParams, root: str, source_mode: str, preprocess) -> str:
     cache = BagCache(root, source_mode)
     key = cache.key(source, params)
-    if key in cache:
-        return str(cache.path(key))
-    entry = compute_bag(source, params, preprocess)
-    return str(cache.save(key, entry))
+    return str(cache.get_or_build(key, lambda: compute_bag(source, params, preprocess)))
 
 
 def _init_worker() -> None:  # one BLAS/torch thread per worker process
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except Exception:  # pragma: no cover
-        pass
+    torch.set_num_threads(1)
 
 
 def _describe_failure(e: BaseException, source: str) -> str:
@@ -345,14 +354,13 @@ def build_bags(rows: Sequence[Mapping[str, Any]], params: BagParams | Mapping[st
         num_workers = min(4, os.cpu_count() or 1)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(rows), desc="bags", unit="CT")
     paths: list[str | None] = [None] * len(rows)
 
     def fail(i: int, e: BaseException):
         subject = rows[i].get("subject", "?")
-        return DataError(f"could not build the bag of subject {subject} ({_describe_failure(e, str(rows[i]['image']))})",
+        why = _describe_failure(e, str(rows[i]["image"]))
+        return DataError(f"could not build the bag of subject {subject} ({why})",
                          row=i, field="image", fix="check that the image of this datalist row reads as a CT")
 
     try:

@@ -1,6 +1,7 @@
 """BagCache keys, atomic writes, privacy of names; build_bags with a stand-in preprocessing."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 
 import numpy as np
@@ -129,8 +130,10 @@ def test_build_bags_parallel_cached_and_private(tmp_path, sources):
     assert [o["subject"] for o in out] == ["s-aaa", "s-bbb", "s-ccc"]
     assert [o["label"] for o in out] == [1, 0, 1] and out[1]["split"] == "test"
     assert out[0]["bag"] == out[2]["bag"] != out[1]["bag"]
-    names = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.name != ".locks")
     assert len(names) == 2 and all(PATIENT_ID not in n and "aaa" not in n for n in names)
+    locks = sorted(p.name for p in (tmp_path / "cache" / ".locks").iterdir())  # per-entry locks: hashes only
+    assert [n.replace(".lock", ".npz") for n in locks] == names
     e = load_bag(out[0]["bag"])
     assert e["bag"].shape == (4, 1, 8, 8, 8) and e["mask"].dtype == bool and e["mask"][0]
     np.testing.assert_allclose(e["world"][0], e["voxel"][0] * 2.5)
@@ -158,3 +161,60 @@ def test_failed_row_names_the_row_not_the_path(tmp_path, sources, workers):
     missing = [{"image": str(tmp_path / "nope.nii.gz"), "label": 0, "subject": "s-x", "split": "train"}]
     with pytest.raises(DataError):
         build_bags(missing, {}, tmp_path / "cache", num_workers=0, progress=False, preprocess=fake_preprocess)
+
+
+def counting_preprocess(path, **kw):
+    """fake_preprocess that appends the source to $BUILD_LOG, so a test can count the builds."""
+    with open(os.environ["BUILD_LOG"], "a") as f:
+        f.write(f"{os.path.basename(path)}\n")
+    return fake_preprocess(path, **kw)
+
+
+def _build_in_child(rows, cache_dir):
+    build_bags(rows, {"k": 2, "patch_size": 8}, cache_dir, num_workers=2, progress=False,
+               preprocess=counting_preprocess)
+
+
+def test_two_processes_building_overlapping_datalists_build_each_entry_once(tmp_path, sources, monkeypatch):
+    monkeypatch.setenv("BUILD_LOG", str(tmp_path / "builds.log"))
+    many = []
+    for i in range(6):
+        p = tmp_path / f"ct{i}.nii.gz"
+        p.write_bytes(bytes([i + 1, 7, 9, 11]) + b" image")
+        many.append({"image": str(p), "label": i % 2, "subject": f"S{i}"})
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_build_in_child, args=(rows, tmp_path / "shared")) for rows in (many[:5], many[1:])]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    built = (tmp_path / "builds.log").read_text().split()
+    assert sorted(built) == sorted(f"ct{i}.nii.gz" for i in range(6))  # each entry once, under its lock
+    ref = build_bags(many, {"k": 2, "patch_size": 8}, tmp_path / "single", num_workers=0, progress=False,
+                     preprocess=fake_preprocess)
+    got = build_bags(many, {"k": 2, "patch_size": 8}, tmp_path / "shared", num_workers=0, progress=False,
+                     preprocess=fake_preprocess)
+    for a, b in zip(ref, got):
+        ea, eb = load_bag(a["bag"]), load_bag(b["bag"])
+        for key in ("bag", "mask", "world", "score"):
+            np.testing.assert_array_equal(ea[key], eb[key])
+    assert not [p for p in (tmp_path / "shared").iterdir() if p.name.startswith(".") and p.name != ".locks"]
+
+
+def test_a_truncated_entry_is_rebuilt_with_a_warning(tmp_path, sources, caplog):
+    rows = [{"image": str(sources[0]), "label": 1, "subject": "S1"}]
+    first = build_bags(rows, {"k": 2, "patch_size": 8}, tmp_path / "c", num_workers=0, progress=False,
+                       preprocess=fake_preprocess)
+    path = first[0]["bag"]
+    want = load_bag(path)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+    with pytest.raises(CacheError):
+        load_bag(path)
+    again = build_bags(rows, {"k": 2, "patch_size": 8}, tmp_path / "c", num_workers=0, progress=False,
+                       preprocess=fake_preprocess)
+    assert again[0]["bag"] == path
+    np.testing.assert_array_equal(load_bag(path)["bag"], want["bag"])
+    assert "rebuilding a corrupt bag cache entry" in caplog.text
