@@ -1,15 +1,26 @@
+"""The CIFAR bundles: recipe values, the objects they define, swaps by config alone, tiny runs of each."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from monai.engines import SupervisedEvaluator, SupervisedTrainer
+from monai.networks.nets import ResNet
 
 from cifar_baselines.bundle import load_bundle, main, run_bundle
-from cifar_baselines.workflow import Stage1, Stage2LAS
+from cifar_baselines.workflow import LASRun, Stage1Run
+from lungcal.calibration.handlers import CalibrationMetrics
+from lungcal.calibration.losses import FocalLoss, LabelAwareSmoothingLoss
+from lungcal.calibration.scaling import TemperatureScaler
 from lungcal.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ["ce", "focal", "mixup", "focal_mixup"]
+TINY = {"epochs": 1, "warmup_epochs": 1, "lr_milestones": [1], "batch_size": 32, "subset": 100,
+        "n_bootstrap": 10, "val_per_class": 5}
 
 
 @pytest.fixture(autouse=True)
@@ -17,29 +28,46 @@ def _project_root(monkeypatch):
     monkeypatch.chdir(ROOT)  # '%' macros resolve from the project root
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, fake_cifar):
+    out = tmp_path_factory.mktemp("cifar_runs")
+    return {"data_dir": str(fake_cifar), "output_dir": str(out), "tracking_uri": f"sqlite:///{out}/mlflow.db"}
+
+
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar10lt"])
 @pytest.mark.parametrize("method", METHODS)
-def test_stage1_bundles_instantiate_recipe(dataset, method):
-    raw = json.loads((ROOT / "bundles" / f"{dataset}_{method}.json").read_text())
-    assert "_target_" not in json.dumps(raw)  # wiring lives only in cifar_common.json
-    wf = load_bundle(f"bundles/{dataset}_{method}.json").get_parsed_content("workflow")
-    assert isinstance(wf, Stage1)
-    assert (wf.dataset, wf.method, wf.epochs, wf.batch_size, wf.lr, wf.lr_milestones) == (
+def test_stage1_bundles_define_the_recipe(dataset, method, fake_cifar):
+    p = load_bundle(f"bundles/{dataset}_{method}.json", {"data_dir": str(fake_cifar), "val_per_class": 5})
+    raw = p.get()
+    assert (raw["dataset"], raw["method"], raw["epochs"], raw["batch_size"], raw["lr"], raw["lr_milestones"]) == (
         dataset, method, 200, 128, 0.1, [160, 180])
-    assert wf.wd == (2e-4 if dataset == "cifar10lt" else 5e-4)
-    assert wf.warmup_epochs == 5 and wf.n_bins == 15
-    if dataset == "cifar10lt":
-        assert wf.imb_factor == 0.01
-    if "mixup" in method:
-        assert wf.mixup_alpha == 1.0
+    assert raw["weight_decay"] == (2e-4 if dataset == "cifar10lt" else 5e-4) and raw["warmup_epochs"] == 5
+    assert raw["mixup_alpha"] == (1.0 if "mixup" in method else 0.0) and raw["focal_gamma"] == 3.0
+    trainer = p.get_parsed_content("train#trainer")
+    assert isinstance(trainer, SupervisedTrainer) and trainer.state.max_epochs == 200
+    loss = trainer.loss_function
+    if method.startswith("focal"):
+        assert isinstance(loss, FocalLoss) and loss.gamma == 3.0 and loss.alpha is None
+    else:
+        assert isinstance(loss, torch.nn.CrossEntropyLoss)
+    opt = trainer.optimizer
+    assert isinstance(opt, torch.optim.SGD) and opt.defaults["momentum"] == 0.9
+    assert opt.defaults["weight_decay"] == raw["weight_decay"]
+    assert p.get_parsed_content("train#step").mixup_alpha == raw["mixup_alpha"]
+    evaluator = p.get_parsed_content("validate#evaluator")
+    assert isinstance(evaluator, SupervisedEvaluator)
+    metric = p.get_parsed_content("validate#key_metric")["val/ece"]
+    assert isinstance(metric, CalibrationMetrics) and metric.n_bins == 15
+    assert isinstance(p.get_parsed_content("posthoc"), TemperatureScaler)
+    assert isinstance(p.get_parsed_content("experiment"), Stage1Run)
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar10lt"])
-def test_las_bundles(dataset):
-    wf = load_bundle(f"bundles/{dataset}_las.json").get_parsed_content("workflow")
-    assert isinstance(wf, Stage2LAS) and wf.epochs == 10 and wf.head_lr == 0.05 and wf.shift_bn
-    if dataset == "cifar10lt":
-        assert (wf.smooth_head, wf.smooth_tail) == (0.3, 0.0)
+def test_las_bundles_define_the_recipe(dataset):
+    raw = load_bundle(f"bundles/{dataset}_las.json").get()
+    assert (raw["epochs"], raw["lr"], raw["shift_bn"], raw["las_shape"]) == (10, 0.05, True, "concave")
+    assert (raw["smooth_head"], raw["smooth_tail"]) == ((0.3, 0.0) if dataset == "cifar10lt" else (0.1, 0.1))
+    assert raw["stage1_run_id"] is None and "parent_run" not in raw and "head_lr" not in raw
 
 
 def test_unknown_override_is_config_error():
@@ -48,38 +76,73 @@ def test_unknown_override_is_config_error():
     assert main(["bundles/nope.json"]) == 2
 
 
-def test_stage1_ts_and_las_runs_are_tracked(fake_cifar, tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = {"data_dir": str(fake_cifar), "output_dir": str(tmp_path), "tracking_uri": uri,
-              "batch_size": 64, "workflow#n_bootstrap": 20, "workflow#val_per_class": 5, "workflow#progress": False}
-    res = run_bundle("bundles/cifar10lt_focal_mixup.json", {**common, "epochs": 2, "warmup_epochs": 1,
-                                                            "lr_milestones": [1], "imb_factor": 0.1})
+def test_focal_alpha_is_wired(fake_cifar):
+    alpha = [0.05] * 5 + [0.15] * 5
+    p = load_bundle("bundles/cifar10lt_focal.json", {"focal_alpha": alpha, "data_dir": str(fake_cifar),
+                                                     "val_per_class": 5})
+    loss = p.get_parsed_content("loss")
+    torch.testing.assert_close(loss.alpha, torch.tensor(alpha))
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar10lt"])
+@pytest.mark.parametrize("method", METHODS)
+def test_each_stage1_bundle_runs_tiny(dataset, method, store):
+    res = run_bundle(f"bundles/{dataset}_{method}.json", {**store, **TINY, "imb_factor": 0.1})
     assert res["temperature"] > 0 and Path(res["checkpoint"]).is_file()
     assert res["test_ts"]["acc"] == pytest.approx(res["test"]["acc"])  # TS never changes the argmax
-    c = MlflowClient(uri)
-    r1, r2 = c.get_run(res["run_id"]), c.get_run(res["ts_run_id"])
-    exp = c.get_experiment(r1.info.experiment_id)
-    assert exp.name == "cifar10lt"
-    assert r1.data.tags["lungcal.dataset"] == "cifar10lt" and r1.data.tags["lungcal.stage1"] == "focal_mixup"
-    assert r1.data.tags["lungcal.stage2"] == "none" and r2.data.tags["lungcal.stage2"] == "ts"
-    assert r2.data.tags["lungcal.parent_run"] == r1.info.run_id
-    for key in ("test/ece", "test/acc", "test/ece_ci_low", "test/mean_confidence", "val/ece"):
-        assert key in r1.data.metrics and key in r2.data.metrics
-    assert "temperature" in r2.data.metrics
-    assert r1.data.params["method"] == "focal_mixup" and r1.data.params["epochs"] == "2"
-    hist = c.get_metric_history(r1.info.run_id, "val/ece")
-    assert [m.step for m in hist][:2] == [0, 1]
-    arts = {a.path for a in c.list_artifacts(r1.info.run_id)}
-    assert {"model", "predictions", "config"} <= arts
-    assert {a.path for a in c.list_artifacts(r1.info.run_id, "predictions")} == {"predictions/val.npz", "predictions/test.npz"}
-    assert r1.info.status == "FINISHED" and r2.info.status == "FINISHED"
+    run = MlflowClient(store["tracking_uri"]).get_run(res["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["lungcal.stage1"] == method
 
-    las = run_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if "val_per" not in k},
-                                                    "parent_run": res["run_id"], "epochs": 1})
-    r3 = c.get_run(las["run_id"])
-    assert r3.data.tags["lungcal.stage2"] == "las" and r3.data.tags["lungcal.parent_run"] == res["run_id"]
-    assert r3.data.tags["lungcal.stage1"] == "focal_mixup" and "test/ece" in r3.data.metrics
-    # LAS from a checkpoint file, cached-feature path (no BN shift)
-    las2 = run_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if "val_per" not in k},
-                                                     "checkpoint": res["checkpoint"], "epochs": 1, "shift_bn": False})
-    assert c.get_run(las2["run_id"]).data.tags["lungcal.parent_run"] == res["run_id"]
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar10lt"])
+def test_each_las_bundle_runs_tiny(dataset, store):
+    s1 = run_bundle(f"bundles/{dataset}_ce.json", {**store, **TINY})
+    res = run_bundle(f"bundles/{dataset}_las.json", {**store, "checkpoint": s1["checkpoint"], "epochs": 1,
+                                                     "batch_size": 32, "n_bootstrap": 10})
+    run = MlflowClient(store["tracking_uri"]).get_run(res["run_id"])
+    assert run.data.tags["lungcal.stage2"] == "las" and run.data.tags["lungcal.parent_run"] == s1["run_id"]
+    assert 0 <= res["test"]["ece"] <= 1
+
+
+def test_loss_swap_by_config_alone(store):
+    """Another loss is one edit of ``loss``: here LAS's smoothing loss trains stage 1 of the CE bundle."""
+    swap = {"loss": {"_target_": "lungcal.calibration.losses.LabelAwareSmoothingLoss",
+                     "class_counts": "$@data.class_counts", "smooth_head": 0.2, "smooth_tail": 0.05}}
+    p = load_bundle("bundles/cifar10lt_ce.json", {**store, **TINY, **swap})
+    assert isinstance(p.get_parsed_content("train#trainer").loss_function, LabelAwareSmoothingLoss)
+    res = run_bundle("bundles/cifar10lt_ce.json", {**store, **TINY, **swap})
+    assert MlflowClient(store["tracking_uri"]).get_run(res["run_id"]).info.status == "FINISHED"
+
+
+def test_network_swap_by_config_alone(store):
+    """``network_def`` takes any classifier of 32x32 RGB images, here MONAI's 2D ResNet-10."""
+    swap = {"network_def": {"_target_": "monai.networks.nets.resnet10", "spatial_dims": 2, "n_input_channels": 3,
+                            "num_classes": 10}}
+    p = load_bundle("bundles/cifar10_mixup.json", {**store, **TINY, **swap})
+    assert isinstance(p.get_parsed_content("network"), ResNet)
+    res = run_bundle("bundles/cifar10_mixup.json", {**store, **TINY, **swap})
+    assert 0 <= res["test"]["acc"] <= 1
+
+
+def test_monai_bundle_run_cli(store):
+    """``python -m monai.bundle run`` (what ``lungcal study`` calls) runs a CIFAR bundle end to end."""
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/cifar10lt_focal.json"]
+    for k, v in {**store, **TINY}.items():
+        cmd += [f"--{k}", v if isinstance(v, str) else json.dumps(v)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(store["tracking_uri"])
+    exp = client.get_experiment_by_name("cifar10lt")
+    runs = client.search_runs([exp.experiment_id], "tags.`lungcal.stage1` = 'focal'")
+    assert any(r.data.tags["lungcal.stage2"] == "ts" and r.info.status == "FINISHED" for r in runs)
+
+
+def test_las_instantiates_from_a_checkpoint(store):
+    s1 = run_bundle("bundles/cifar10_focal.json", {**store, **TINY})
+    p = load_bundle("bundles/cifar10_las.json", {**store, "checkpoint": s1["checkpoint"]})
+    assert isinstance(p.get_parsed_content("experiment"), LASRun)
+    assert isinstance(p.get_parsed_content("loss"), LabelAwareSmoothingLoss)
+    params = p.get_parsed_content("optimizer").param_groups[0]["params"]
+    net = p.get_parsed_content("network")
+    assert {id(q) for q in params} == {id(q) for q in net.head.parameters()}
+    assert not any(q.requires_grad for n, q in net.named_parameters() if not n.startswith("head."))

@@ -1,10 +1,20 @@
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
-from cifar_baselines.data import (BatchIterator, augment_batch, balanced_indices, cifar10_lt_counts,
-                                  find_batches_dir, load_cifar10, lt_indices, make_splits, normalize)
-from lungcal.errors import DataError
+from cifar_baselines import data
+from cifar_baselines.data import (
+    balanced_indices,
+    cifar10_lt_counts,
+    find_batches_dir,
+    load_cifar10,
+    load_splits,
+    lt_indices,
+    make_splits,
+)
+from lungcal.errors import ConfigError, DataError
 
 
 def test_lt_counts_match_ldam_mislas():
@@ -24,7 +34,6 @@ def test_missing_folder_names_folder_and_fix(tmp_path):
 
 
 def test_incomplete_folder(tmp_path, fake_cifar):
-    import shutil
     dst = tmp_path / "c" / "cifar-10-batches-py"
     shutil.copytree(find_batches_dir(fake_cifar), dst)
     (dst / "data_batch_3").unlink()
@@ -82,43 +91,15 @@ def test_subset_is_stratified(fake_cifar):
     assert torch.bincount(s.train_y, minlength=10).min() >= 1
 
 
-def test_augment_batch_crops_and_flips_exactly():
-    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.int64).reshape(2, 3, 8, 8).to(torch.uint8)
-    out = augment_batch(x, padding=2, flip=True, generator=torch.Generator().manual_seed(0))
-    assert out.shape == x.shape and out.dtype == x.dtype
-    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
-    for i in range(2):  # each output is one of the 5x5x2 crops/flips of its own padded input
-        cands = [padded[i, :, a:a + 8, b:b + 8] for a in range(5) for b in range(5)]
-        cands += [c.flip(-1) for c in cands]
-        assert any(torch.equal(out[i], c) for c in cands)
-
-
-def test_augment_batch_is_random_and_seeded():
-    x = torch.randint(0, 255, (64, 3, 32, 32), dtype=torch.uint8)
-    a = augment_batch(x, generator=torch.Generator().manual_seed(1))
-    b = augment_batch(x, generator=torch.Generator().manual_seed(1))
-    c = augment_batch(x, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(a, b) and not torch.equal(a, c)
-    assert not torch.equal(a, x)
-    same = augment_batch(x, padding=0, flip=False)
-    assert torch.equal(same, x)
-
-
-def test_normalize_matches_manual():
-    x = torch.randint(0, 255, (4, 3, 32, 32), dtype=torch.uint8)
-    mean = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
-    std = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
-    torch.testing.assert_close(normalize(x), (x.float() / 255 - mean) / std)
-
-
-def test_batch_iterator_covers_epoch_and_balances():
-    y = torch.tensor([0] * 90 + [1] * 10)
-    x = torch.arange(100, dtype=torch.uint8).view(100, 1, 1, 1).expand(100, 3, 32, 32).contiguous()
-    it = BatchIterator(x, y, 32, augment=False)
-    seen = torch.cat([yb for _, yb in it])
-    assert len(it) == 4 and len(seen) == 100 and torch.equal(seen.sort().values, y.sort().values)
-    xb, _ = next(iter(it))
-    assert xb.dtype == torch.float32 and xb.shape == (32, 3, 32, 32)
-    bal = BatchIterator(x, y, 100, augment=False, sampler="balanced", seed=0)
-    ys = torch.cat([torch.cat([yb for _, yb in bal]) for _ in range(20)])
-    assert 0.4 < ys.float().mean() < 0.6
+def test_load_splits_defaults_checks_and_device(fake_cifar, tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "SHARED_MAKE_BATCHES", tmp_path / "no_converter.py")
+    s = load_splits("cifar10", data_dir=fake_cifar, val_per_class=5, device="cpu")
+    assert s.train_x.device.type == "cpu"
+    assert s.fingerprint == make_splits(fake_cifar, "cifar10", val_per_class=5).fingerprint
+    with pytest.raises(ConfigError, match="dataset"):
+        load_splits("cifar100", data_dir=fake_cifar)
+    with pytest.raises(ConfigError, match="subset"):
+        load_splits("cifar10", data_dir=fake_cifar, subset=5)
+    with pytest.raises(DataError) as e:  # data_dir None: <output_dir>/data/cifar10, empty here
+        load_splits("cifar10", output_dir=tmp_path)
+    assert str(tmp_path / "data" / "cifar10") in str(e.value)

@@ -6,6 +6,7 @@ run, so CI (which has ../shared beside the checkout) exercises the real data pat
 """
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,10 +34,9 @@ def test_real_cifar_splits(real_cifar):
 
 
 def test_real_bundle_short_epoch(real_cifar, tmp_path, monkeypatch):
-    from pathlib import Path
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     res = run_bundle("bundles/cifar10_ce.json", {
         "data_dir": str(real_cifar), "output_dir": str(tmp_path), "tracking_uri": f"sqlite:///{tmp_path}/m.db",
-        "epochs": 1, "subset": 512, "warmup_epochs": 1, "workflow#n_bootstrap": 20, "workflow#progress": False})
+        "epochs": 1, "subset": 512, "warmup_epochs": 1, "n_bootstrap": 20})
     assert 0.0 <= res["test"]["acc"] <= 1.0 and res["test"]["n"] > 400
     assert res["test_ts"]["acc"] == pytest.approx(res["test"]["acc"])

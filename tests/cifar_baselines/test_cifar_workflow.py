@@ -1,0 +1,106 @@
+"""What the CIFAR runs record in MLflow (names per DESIGN.md) and what the LAS stage changes."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from cifar_baselines.bundle import load_bundle, run_bundle
+from cifar_baselines.workflow import load_stage1
+from lungcal.calibration.metrics import calibration_report
+from lungcal.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _project_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="module")
+def stage1(fake_cifar, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cifar_wf")
+    common = {"data_dir": str(fake_cifar), "output_dir": str(out), "tracking_uri": f"sqlite:///{out}/mlflow.db",
+              "batch_size": 64, "n_bootstrap": 20, "val_per_class": 5}
+    res = run_bundle("bundles/cifar10lt_focal_mixup.json", {**common, "epochs": 2, "warmup_epochs": 1,
+                                                            "lr_milestones": [1], "imb_factor": 0.1})
+    return common, res
+
+
+def test_stage1_and_ts_runs_are_tracked(stage1):
+    common, res = stage1
+    assert res["temperature"] > 0 and Path(res["checkpoint"]).is_file()
+    assert res["test_ts"]["acc"] == pytest.approx(res["test"]["acc"])  # TS never changes the argmax
+    c = MlflowClient(common["tracking_uri"])
+    r1, r2 = c.get_run(res["run_id"]), c.get_run(res["ts_run_id"])
+    assert c.get_experiment(r1.info.experiment_id).name == "cifar10lt"
+    assert r1.data.tags["lungcal.dataset"] == "cifar10lt" and r1.data.tags["lungcal.stage1"] == "focal_mixup"
+    assert r1.data.tags["lungcal.site"] == "cifar"
+    assert r1.data.tags["lungcal.stage2"] == "none" and r2.data.tags["lungcal.stage2"] == "ts"
+    assert r2.data.tags["lungcal.parent_run"] == r1.info.run_id
+    for key in ("test/ece", "test/acc", "test/ece_ci_low", "test/mean_confidence", "val/ece"):
+        assert key in r1.data.metrics and key in r2.data.metrics
+    assert "temperature" in r2.data.metrics and "train_wall_s" in r1.data.metrics
+    params = r1.data.params
+    assert params["method"] == "focal_mixup" and params["epochs"] == "2" and params["weight_decay"] == "0.0002"
+    assert params["focal_alpha"] == "None" and params["mixup_alpha"] == "1.0" and "wd" not in params
+    assert params["data_dir"].startswith("path:")  # privacy filter: no paths in params
+    assert {"train_precision", "class_counts", "n_train", "split_fingerprint"} <= set(params)
+    for name in ("train/loss", "train/acc", "lr", "val/ece", "val/acc", "val/nll", "val/mean_confidence"):
+        assert [m.step for m in c.get_metric_history(r1.info.run_id, name)][:2] == [0, 1], name
+    arts = {a.path for a in c.list_artifacts(r1.info.run_id)}
+    assert {"model", "predictions", "config", "plots"} <= arts
+    assert {a.path for a in c.list_artifacts(r1.info.run_id, "predictions")} == {
+        "predictions/val.npz", "predictions/test.npz"}
+    assert r1.info.status == "FINISHED" and r2.info.status == "FINISHED"
+
+
+def test_epoch_metrics_match_the_final_report(stage1):
+    """The evaluator's last-epoch val metrics are the final val report's (same float32 logits)."""
+    common, res = stage1
+    c = MlflowClient(common["tracking_uri"])
+    npz = np.load(c.download_artifacts(res["run_id"], "predictions/val.npz"))
+    rep = calibration_report(npz["probs"].astype(np.float64), npz["labels"], n_bins=15, n_bootstrap=0)
+    last = {n: c.get_metric_history(res["run_id"], n) for n in ("val/mean_confidence", "val/acc")}
+    last = {n: [m.value for m in h if m.step == 1][0] for n, h in last.items()}
+    assert last["val/mean_confidence"] == pytest.approx(rep["mean_confidence"], abs=1e-4)
+    assert last["val/acc"] == pytest.approx(rep["acc"])
+
+
+def test_las_from_the_stage1_run_and_from_its_checkpoint(stage1):
+    common, res = stage1
+    c = MlflowClient(common["tracking_uri"])
+    las = run_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if k != "val_per_class"},
+                                                    "stage1_run_id": res["run_id"], "epochs": 1})
+    r3 = c.get_run(las["run_id"])
+    assert r3.data.tags["lungcal.stage2"] == "las" and r3.data.tags["lungcal.parent_run"] == res["run_id"]
+    assert r3.data.tags["lungcal.stage1"] == "focal_mixup" and "test/ece" in r3.data.metrics
+    assert r3.data.params["imb_factor"] == "0.1" and r3.data.params["val_per_class"] == "5"  # the stage-1 splits
+    assert las["stage1_run_id"] == res["run_id"]
+    # from the checkpoint file, cached-feature path (no BN shift)
+    las2 = run_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if k != "val_per_class"},
+                                                     "checkpoint": res["checkpoint"], "epochs": 1, "shift_bn": False})
+    assert c.get_run(las2["run_id"]).data.tags["lungcal.parent_run"] == res["run_id"]
+
+
+def test_las_shift_bn_changes_only_the_head_and_bn_statistics(stage1):
+    common, res = stage1
+    p = load_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if k != "val_per_class"},
+                                                   "checkpoint": res["checkpoint"], "epochs": 1, "batch_size": 32})
+    old = {k: v.clone() for k, v in load_stage1(checkpoint=res["checkpoint"]).state_dict.items()}
+    p.get_parsed_content("train#trainer").run()
+    new = p.get_parsed_content("network").state_dict()
+    for k, v in old.items():
+        if "running_" in k or "num_batches_tracked" in k:
+            continue  # shifted BN statistics
+        assert torch.equal(v, new[k].cpu()) != k.startswith("head."), k
+    assert any(not torch.equal(old[k], new[k].cpu()) for k in old if "running_mean" in k)
+
+
+def test_las_needs_a_stage1_model(tmp_path):
+    with pytest.raises(ConfigError, match="stage1_run_id"):
+        load_stage1(None, None)
+    with pytest.raises(ConfigError, match="checkpoint"):
+        load_stage1(checkpoint=str(tmp_path / "nope.pt"))
