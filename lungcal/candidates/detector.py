@@ -22,8 +22,9 @@ top-K by score.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from scipy import ndimage
@@ -61,7 +62,7 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.score)
 
-    def top(self, k: int) -> "Candidates":
+    def top(self, k: int) -> Candidates:
         """The ``k`` best candidates (all of them if there are fewer)."""
         return Candidates(self.voxel[:k], self.world[:k], self.radius_mm[:k], self.score[:k])
 
@@ -153,10 +154,14 @@ class LoGBlobDetector:
     """Multi-scale Laplacian-of-Gaussian blob detector (vectorised with ``scipy.ndimage``).
 
     Args:
-        radii_mm: blob radii to probe, in mm (LUNA16 nodules are >= 3 mm in diameter). A sphere of
-            radius ``r`` gives the strongest scale-normalised 3D LoG response at
-            ``sigma = r / sqrt(3)``, so each radius maps to one sigma, and the reported radius of a
-            candidate is ``sqrt(3) * sigma`` of its best scale.
+        radii_mm: blob radii to probe, in mm: nodules and masses from 3 mm to 50 mm in diameter
+            (1.5-25 mm radius; the 19 and 25 mm scales catch masses such as the 3-4 cm perihilar
+            cancer of the real test scan). A sphere of radius ``r`` gives the strongest
+            scale-normalised 3D LoG response at ``sigma = r / sqrt(3)``, so each radius maps to one
+            sigma, and the reported radius of a candidate is ``sqrt(3) * sigma`` of its best scale.
+        min_sigma_vox: scales whose sigma is below this many voxels (of the coarsest axis) are
+            skipped: a LoG narrower than half a voxel measures noise (at 2.5 mm voxels the 1.5 mm
+            radius is skipped, at 1 mm it runs).
         top_k: the number of candidates returned (the best by score).
         threshold: minimum score (scale-normalised response on the [0, 1] volume) of a candidate.
         min_distance_mm: two candidates closer than ``max(min_distance_mm, r_better + r_weaker)``
@@ -188,7 +193,7 @@ class LoGBlobDetector:
             and would otherwise be dropped; the small LoG term keeps it in the ranking.
     """
 
-    radii_mm: Sequence[float] = (2.5, 3.5, 5.0, 7.0, 10.0, 14.0)
+    radii_mm: Sequence[float] = (1.5, 2.5, 3.5, 5.0, 7.0, 10.0, 14.0, 19.0, 25.0)
     top_k: int = 32
     threshold: float = 0.05
     min_distance_mm: float = 5.0
@@ -198,12 +203,21 @@ class LoGBlobDetector:
     shape_filter: bool = True
     border_mm: float = 0.0
     log_weight: float = 0.1
+    min_sigma_vox: float = 0.5
 
     def __post_init__(self) -> None:
         if len(self.radii_mm) < 1 or min(self.radii_mm) <= 0:
             raise ValueError("radii_mm must be a non-empty list of positive radii")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
+
+    def sigmas_mm(self, spacing: Sequence[float]) -> np.ndarray:
+        """The LoG scales (mm) used on a grid of voxel size ``spacing``: one per radius, smallest
+        first, without those below ``min_sigma_vox`` voxels (the largest always stays)."""
+        sigmas = np.asarray(sorted(self.radii_mm), np.float64) / np.sqrt(3.0)
+        keep = sigmas >= self.min_sigma_vox * float(np.max(spacing))
+        keep[-1] = True
+        return sigmas[keep]
 
     def _close_mask(self, mask: np.ndarray, spacing: np.ndarray) -> np.ndarray:
         """Close (fills pleural notches left by juxtapleural nodules) and fill enclosed holes,
@@ -254,7 +268,7 @@ class LoGBlobDetector:
         if bg is None:
             bg = float(np.median(vol[raw_mask])) if raw_mask.any() else 0.0
         vol = np.where(mask, vol, np.float32(bg)).astype(np.float32)
-        sigmas = np.asarray(sorted(self.radii_mm), np.float64) / np.sqrt(3.0)
+        sigmas = self.sigmas_mm(spacing)
         smooth, resp = zip(*(_smooth_and_log(vol, s, spacing) for s in sigmas))
         stack = np.stack(resp)  # (S, X, Y, Z)
 

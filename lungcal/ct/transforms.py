@@ -11,39 +11,36 @@ commutes with resampling (the affine of the crop is carried by the MetaTensor), 
 the same volume up to interpolation at the box faces; the window is applied last, after
 interpolation, as on clinical workstations.
 
-Lung mask (:func:`lung_mask`), vectorised with ``scipy.ndimage``:
+Lung mask: :class:`LungMaskd` runs a *masker* (``masker(hu, spacing) -> bool mask``), by default
+:class:`lungcal.ct.masking.LungMasker` (body first, the air inside it, airways out, a rolling-ball
+closing that keeps lesions attached to the pleura or hilum; see that module). ``masker=`` plugs in
+another one (a learned segmenter; see docs/hospital.md). A scan whose mask is smaller than
+``min_lung_ml`` (for example an abdomen-only CT) raises ``DataError("no lungs found ...")``: never
+a silent empty crop.
 
-1. sub-sample to about ``mask_voxel_mm`` (strided view, no copy);
-2. threshold at ``threshold`` HU (air and lung);
-3. drop every air component that touches the in-plane border of the volume (outside air; the
-   top/bottom slices may cut through the lungs, so they do not count as border);
-4. erode by ``airway_cut_mm`` (cuts the main bronchi, so the trachea separates from the lungs),
-   keep the largest component and, if it is at least ``second_ratio`` of it, the second largest
-   (the two lungs); the trachea and bowel gas are smaller and dropped; grow the kept lungs back
-   by the same radius inside the air;
-5. fill holes in 3D and slice by slice (vessels and nodules inside the lung), then close with a
-   ball of ``closing_mm`` to take in juxtapleural nodules and vessels at the lung surface;
-6. upsample (nearest) back to the native grid.
-
-A scan whose kept air is smaller than ``min_lung_ml`` (for example an abdomen-only CT) raises
-``DataError("no lungs found ...")``: never a silent empty crop.
+Series checks: ``build_preprocess(qc=...)`` puts :class:`lungcal.ct.qc.QCd` right after the
+loader; it computes the lung mask once (``LungMaskd`` then reuses it) and stores the
+:class:`~lungcal.ct.qc.QCReport` under ``"qc"`` (``qc_policy="raise"`` refuses a failing series
+with a ``DataError``, ``"record"`` only stores the report).
 """
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import MetaTensor
-from monai.transforms import Compose, MapTransform, SpatialCrop, Spacingd, Transform
-from scipy import ndimage as ndi
+from monai.transforms import Compose, MapTransform, Spacingd, SpatialCrop, Transform
 
-from lungcal.errors import DataError, LungcalError
+from lungcal.errors import ConfigError, DataError, LungcalError
 
 from .io import load_ct
+from .masking import LungMasker, Masker, mask_like, run_masker
+from .qc import QCd
 
 __all__ = [
     "DEFAULT_HU_WINDOW",
@@ -77,30 +74,18 @@ def hu_window(x, window: Sequence[float] = DEFAULT_HU_WINDOW, inplace: bool = Fa
     return np.clip(out, 0.0, 1.0, out=out)
 
 
-def _ball(radius_vox: Sequence[float]) -> np.ndarray:
-    r = [max(int(math.floor(v)), 0) for v in radius_vox]
-    g = np.ogrid[tuple(slice(-k, k + 1) for k in r)]
-    d = sum((gi / max(rv, 1e-6)) ** 2 for gi, rv in zip(g, radius_vox))
-    return d <= 1.0
-
-
-def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -400.0,
-              mask_voxel_mm: float = 3.0, closing_mm: float = 6.0, min_lung_ml: float = 150.0,
-              second_ratio: float = 0.15, airway_cut_mm: float = 5.0, file: str | None = None) -> np.ndarray:
-    """3D lung mask of a HU volume ``(X, Y, Z)``; see the module docstring for the steps.
+def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, min_lung_ml: float = 150.0, file: str | None = None,
+              masker: Masker | None = None, **masker_kwargs) -> np.ndarray:
+    """3D lung mask of a HU volume ``(X, Y, Z)``; raises when it holds less than ``min_lung_ml``.
 
     Args:
         hu: HU volume (numpy, any float/int dtype).
         spacing: voxel size in mm.
-        threshold: air/lung threshold (HU).
-        mask_voxel_mm: the mask is computed on a grid sub-sampled to about this voxel size.
-        closing_mm: radius of the morphological closing (mm).
-        min_lung_ml: below this total lung volume the scan has no lungs.
-        second_ratio: the second largest air component is kept when at least this fraction of the largest.
-        airway_cut_mm: the components are found after an erosion of this radius, which cuts the
-            bronchi joining trachea and lungs; the kept lungs are then grown back (by the same
-            radius, inside the air). 0 disables it.
+        min_lung_ml: below this lung volume the scan has no lungs.
         file: for the error message.
+        masker: the masker (default :class:`~lungcal.ct.masking.LungMasker` built from
+            ``masker_kwargs``: threshold, mask_voxel_mm, closing_mm, lesion_closing_mm,
+            second_ratio, airway_cut_mm, body_threshold, padding_below).
 
     Returns:
         bool array of ``hu.shape``.
@@ -108,76 +93,34 @@ def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, threshold: float = -4
     Raises:
         DataError: no lungs found.
     """
-    spacing = np.asarray(spacing, dtype=float)
-    step = np.maximum(1, np.floor(mask_voxel_mm / spacing + 1e-6)).astype(int)
-    off = step // 2  # sample the centre of each step^3 block, so block-repeat is nearest-neighbour
-    coarse = hu[off[0]:: step[0], off[1]:: step[1], off[2]:: step[2]]
-    cs = spacing * step
-    air = coarse < threshold
-    labels, n = ndi.label(air)
-    if n:  # drop the air outside the body (components touching the in-plane border)
-        border = np.unique(np.concatenate([labels[0].ravel(), labels[-1].ravel(), labels[:, 0].ravel(),
-                                           labels[:, -1].ravel()]))
-        inside = air & ~np.isin(labels, border)
-    else:
-        inside = air
-    core = inside
-    cut = airway_cut_mm / cs
-    if airway_cut_mm > 0 and (cut >= 1).any():  # cut the bronchi that join trachea and lungs
-        core = ndi.binary_erosion(inside, structure=_ball(cut))
-        if not core.any():
-            core = inside
-    labels, n = ndi.label(core)
-    keep: list[int] = []
-    if n:
-        sizes = np.bincount(labels.ravel(), minlength=n + 1).astype(np.int64)
-        sizes[0] = 0
-        order = np.argsort(-sizes)[:2]
-        keep = [int(order[0])] if sizes[order[0]] > 0 else []
-        if len(order) > 1 and sizes[order[1]] > 0 and sizes[order[1]] >= second_ratio * sizes[order[0]]:
-            keep.append(int(order[1]))
-    mask = np.isin(labels, keep) if keep else np.zeros_like(inside)
-    if core is not inside:  # grow the kept lungs back inside the air they came from
-        mask = ndi.binary_dilation(mask, structure=_ball(cut)) & inside
-    vol_ml = float(mask.sum() * np.prod(cs) / 1000.0)
+    masker = _make_masker(masker, masker_kwargs)
+    mask = run_masker(masker, np.asarray(hu), spacing)
+    _require_lungs(mask, spacing, min_lung_ml, file)
+    return mask
+
+
+def _make_masker(masker: Masker | None, kwargs: Mapping) -> Masker:
+    if masker is None:
+        try:
+            return LungMasker(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"bad lung mask setting ({exc})", field="mask_kwargs",
+                              fix="use the LungMasker fields: see lungcal.ct.masking.LungMasker") from None
+    if kwargs:
+        raise ConfigError(f"lung mask settings {sorted(kwargs)} were given together with a masker", field="masker",
+                          fix="configure the masker object itself, or leave masker out")
+    if not callable(masker):
+        raise ConfigError(f"the masker must be callable as masker(hu, spacing), got {type(masker).__name__}",
+                          field="masker", fix="name a class with __call__(hu, spacing) -> mask as its _target_")
+    return masker
+
+
+def _require_lungs(mask: np.ndarray, spacing: Sequence[float], min_lung_ml: float, file: str | None) -> None:
+    vol_ml = float(mask.sum() * np.prod(np.asarray(spacing, float)) / 1000.0)
     if vol_ml < min_lung_ml:
         raise DataError(f"no lungs found (lung-like air inside the body: {vol_ml:.0f} mL < {min_lung_ml:.0f} mL)",
                         file=file, fix="check that the image is a chest CT (not an abdomen-only scan or a scout) "
                                        "or remove it from the datalist")
-    # work on the lung box (padded by the closing radius) only
-    rad = closing_mm / cs
-    pad = np.ceil(rad).astype(int) + 1
-    lo, hi = lung_bbox(mask, np.ones(3), 0)
-    sub = np.pad(mask[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], [(p, p) for p in pad])
-    sub = ndi.binary_fill_holes(sub)
-    sub = _fill_holes_2d(sub)  # vessels entering at the hilum are not closed cavities in 3D
-    if (rad >= 1).any():
-        sub = ndi.binary_closing(sub, structure=_ball(rad))
-    mask = np.zeros(coarse.shape, bool)
-    mask[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]] = sub[pad[0]: pad[0] + hi[0] - lo[0], pad[1]: pad[1] + hi[1] - lo[1],
-                                                      pad[2]: pad[2] + hi[2] - lo[2]]
-    if (step == 1).all():
-        return mask
-    full = mask
-    for ax in range(3):
-        if step[ax] > 1:
-            full = np.repeat(full, step[ax], axis=ax)
-    pad = [(0, max(n - f, 0)) for n, f in zip(hu.shape, full.shape)]
-    if any(p[1] for p in pad):
-        full = np.pad(full, pad, mode="edge")
-    return full[: hu.shape[0], : hu.shape[1], : hu.shape[2]]
-
-
-def _fill_holes_2d(mask: np.ndarray) -> np.ndarray:
-    """Fill holes of every axial slice at once: label the background in 2D per slice
-    (a 3D label with a structure that does not connect along z) and keep only what touches the
-    slice border."""
-    structure = np.zeros((3, 3, 3), bool)
-    structure[:, :, 1] = ndi.generate_binary_structure(2, 1)
-    bg, n = ndi.label(~mask, structure=structure)
-    border = np.unique(np.concatenate([bg[0].ravel(), bg[-1].ravel(), bg[:, 0].ravel(), bg[:, -1].ravel()]))
-    outside = np.isin(bg, border[border > 0])
-    return ~outside
 
 
 def lung_bbox(mask: np.ndarray, spacing: Sequence[float], margin_mm: float | Sequence[float] = 10.0):
@@ -210,17 +153,21 @@ class LoadCTd(MapTransform):
     """Load ``d[key]`` with :func:`lungcal.ct.io.load_ct` (HU, RAS, channel first).
 
     Unlike MONAI's ``LoadImaged`` this never swallows reader errors, so a bad file surfaces as a
-    :class:`DataError` naming the file.
+    :class:`DataError` naming the file. A DICOM folder holding several series reads the one named
+    by ``d[series_key]`` (a datalist row's ``series_uid``) when the row has it.
     """
 
-    def __init__(self, keys: KeysCollection = "image", allow_gaps: bool = False, allow_missing_keys: bool = False):
+    def __init__(self, keys: KeysCollection = "image", allow_gaps: bool = False, series_key: str = "series_uid",
+                 allow_missing_keys: bool = False):
         super().__init__(keys, allow_missing_keys)
         self.allow_gaps = allow_gaps
+        self.series_key = series_key
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
+        uid = d.get(self.series_key) or None
         for key in self.key_iterator(d):
-            d[key] = load_ct(d[key], allow_gaps=self.allow_gaps)
+            d[key] = load_ct(d[key], allow_gaps=self.allow_gaps, series_uid=uid)
         return d
 
 
@@ -246,27 +193,41 @@ class HUWindowd(MapTransform):
 
 class LungMaskd(MapTransform):
     """Compute the lung mask of the HU image ``d[key]`` into ``d[mask_key]`` (uint8 0/1 MetaTensor,
-    same geometry; :class:`CropToLungd` turns it into float32 after cropping). Parameters as
-    :func:`lung_mask`."""
+    same geometry; :class:`CropToLungd` turns it into float32 after cropping).
 
-    def __init__(self, keys: KeysCollection = "image", mask_key: str = "lung_mask", threshold: float = -400.0,
-                 mask_voxel_mm: float = 3.0, closing_mm: float = 6.0, min_lung_ml: float = 150.0,
-                 airway_cut_mm: float = 5.0, allow_missing_keys: bool = False):
+    Args:
+        masker: any ``masker(hu, spacing) -> bool mask`` (a bundle names it by ``_target_``);
+            default :class:`~lungcal.ct.masking.LungMasker` built from ``masker_kwargs``.
+        min_lung_ml: a smaller mask raises ``DataError("no lungs found ...")`` naming the file.
+        masker_kwargs: the fields of :class:`~lungcal.ct.masking.LungMasker` (threshold,
+            mask_voxel_mm, closing_mm, lesion_closing_mm, airway_cut_mm, ...), when ``masker`` is
+            None.
+
+    When ``d[mask_key]`` is already there (computed by :class:`~lungcal.ct.qc.QCd` earlier in the
+    chain) it is reused, and only the ``min_lung_ml`` check runs.
+    """
+
+    def __init__(self, keys: KeysCollection = "image", mask_key: str = "lung_mask", masker: Masker | None = None,
+                 min_lung_ml: float = 150.0, allow_missing_keys: bool = False, **masker_kwargs: Any):
         super().__init__(keys, allow_missing_keys)
         self.mask_key = mask_key
-        self.kwargs = dict(threshold=threshold, mask_voxel_mm=mask_voxel_mm, closing_mm=closing_mm,
-                           min_lung_ml=min_lung_ml, airway_cut_mm=airway_cut_mm)
+        self.masker = _make_masker(masker, masker_kwargs)
+        self.min_lung_ml = float(min_lung_ml)
 
     def __call__(self, data):
         d = dict(data)
         for key in self.key_iterator(d):
             img = d[key]
-            arr = img[0].detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)[0]
             spacing = _spacing_of(img) if isinstance(img, MetaTensor) else np.ones(3)
-            m = lung_mask(arr, spacing, file=_filename(img), **self.kwargs)
-            mt = torch.from_numpy(m[None].view(np.uint8))  # 1 byte/voxel until the crop (see CropToLungd)
-            d[self.mask_key] = MetaTensor(mt, meta={**img.meta, "affine": img.affine.clone()}) \
-                if isinstance(img, MetaTensor) else mt
+            if self.mask_key in d:
+                m = d[self.mask_key]
+                m = (m[0].detach().cpu().numpy() if isinstance(m, torch.Tensor) else np.asarray(m)[0]) > 0
+                _require_lungs(m, spacing, self.min_lung_ml, _filename(img))
+                continue
+            arr = img[0].detach().cpu().numpy() if isinstance(img, torch.Tensor) else np.asarray(img)[0]
+            m = run_masker(self.masker, arr, spacing)
+            _require_lungs(m, spacing, self.min_lung_ml, _filename(img))
+            d[self.mask_key] = mask_like(m, img)
         return d
 
 
@@ -325,7 +286,9 @@ class _Contiguous(Transform):
 
 def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
                      hu_window: Sequence[float] = DEFAULT_HU_WINDOW, margin_mm: float = 10.0,
-                     allow_gaps: bool = False, load: bool = True, **mask_kwargs) -> CTCompose:
+                     allow_gaps: bool = False, load: bool = True, masker: Masker | None = None,
+                     min_lung_ml: float = 150.0, qc: Any = None, qc_policy: str = "raise",
+                     **mask_kwargs) -> CTCompose:
     """The preprocessing :class:`CTCompose` on dicts ``{"image": path}`` -> ``{"image", "lung_mask"}``.
 
     Args:
@@ -334,11 +297,22 @@ def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
         margin_mm: margin around the lung box.
         allow_gaps: DICOM: interpolate across missing slices instead of failing.
         load: include the loader (False when ``image`` is already a HU MetaTensor).
-        mask_kwargs: passed to :class:`LungMaskd` (threshold, mask_voxel_mm, closing_mm, min_lung_ml,
-            airway_cut_mm).
+        masker: the lung masker (``masker(hu, spacing) -> bool mask``); default
+            :class:`~lungcal.ct.masking.LungMasker` built from ``mask_kwargs``.
+        min_lung_ml: a smaller lung mask raises ``DataError("no lungs found ...")``.
+        qc: None (no series checks), True (default thresholds), a mapping of
+            :class:`~lungcal.ct.qc.QCConfig` fields or a ``QCConfig``: run :class:`~lungcal.ct.qc.QCd`
+            after the loader and keep the report under ``"qc"``.
+        qc_policy: ``"raise"`` (a failing series is a ``DataError``) or ``"record"``.
+        mask_kwargs: passed to :class:`~lungcal.ct.masking.LungMasker` (threshold, mask_voxel_mm,
+            closing_mm, lesion_closing_mm, airway_cut_mm, ...).
     """
+    masker = _make_masker(masker, mask_kwargs)
     chain: list = [LoadCTd("image", allow_gaps=allow_gaps)] if load else []
-    chain += [LungMaskd("image", **mask_kwargs), CropToLungd(("image", "lung_mask"), margin_mm=margin_mm)]
+    if qc is not None and qc is not False:
+        chain.append(QCd("image", config=None if qc is True else qc, masker=masker, policy=qc_policy))
+    chain += [LungMaskd("image", masker=masker, min_lung_ml=min_lung_ml),
+              CropToLungd(("image", "lung_mask"), margin_mm=margin_mm)]
     if spacing is not None:
         pix = tuple(float(s) for s in np.broadcast_to(np.asarray(spacing, float), (3,)))
         chain.append(Spacingd(("image", "lung_mask"), pixdim=pix, mode=("bilinear", "nearest"),
@@ -349,16 +323,29 @@ def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
 
 def preprocess_ct(path: str | os.PathLike, spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
                   hu_window: Sequence[float] = DEFAULT_HU_WINDOW, margin_mm: float = 10.0,
-                  allow_gaps: bool = False, **mask_kwargs) -> dict:
+                  allow_gaps: bool = False, series_uid: str | None = None, **kwargs) -> dict:
     """Load and preprocess one CT.
+
+    Args:
+        series_uid: DICOM folder with several series: the one to read.
+        kwargs: the rest of :func:`build_preprocess` (masker, min_lung_ml, qc, qc_policy, and the
+            lung mask settings).
 
     Returns:
         ``{"image": MetaTensor (1, X, Y, Z) float32 in [0, 1], "lung_mask": MetaTensor (1, X, Y, Z)
         float32 in {0, 1}}`` on the lung box (plus ``margin_mm``) resampled to ``spacing`` mm; the
-        affines (RAS, mm) place both in the scanner's world.
+        affines (RAS, mm) place both in the scanner's world. With ``qc``, also ``"qc"``: the
+        :class:`~lungcal.ct.qc.QCReport`.
 
     Raises:
-        DataError: unreadable image (named), slice gap, or no lungs found.
+        DataError: unreadable image (named), slice gap, no lungs found, or (``qc`` with the
+            ``"raise"`` policy) a failed series check.
     """
-    out = build_preprocess(spacing, hu_window, margin_mm, allow_gaps, **mask_kwargs)({"image": str(path)})
-    return {"image": out["image"], "lung_mask": out["lung_mask"]}
+    row = {"image": str(path)}
+    if series_uid:
+        row["series_uid"] = series_uid
+    out = build_preprocess(spacing, hu_window, margin_mm, allow_gaps, **kwargs)(row)
+    res = {"image": out["image"], "lung_mask": out["lung_mask"]}
+    if "qc" in out:
+        res["qc"] = out["qc"]
+    return res

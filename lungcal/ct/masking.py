@@ -1,0 +1,275 @@
+"""Lung masks on real chest CT: the body first, then the air inside it.
+
+:class:`LungMasker` is the built-in masker; anything with the same call,
+``masker(hu (X, Y, Z), spacing (3,)) -> bool (X, Y, Z)``, can replace it in
+:class:`lungcal.ct.transforms.LungMaskd` / ``build_preprocess(masker=...)`` (a learned segmenter
+wrapped in a class, named by ``_target_`` in a bundle; see docs/hospital.md). A masker never
+raises for "no lungs": it returns an empty (or small) mask and the caller decides.
+
+The steps, vectorised with ``scipy.ndimage`` on a copy sub-sampled to about ``mask_voxel_mm``:
+
+1. **Body.** The largest 3D component above ``body_threshold`` HU (skin, muscle, bone), its holes
+   filled slice by slice. Values below ``padding_below`` (the -2048 / -3024 written outside the
+   reconstruction circle) are neither air nor tissue.
+2. **Air inside the body.** Voxels below ``threshold`` HU inside the filled body: lungs, airways,
+   bowel gas. Air outside the body is dropped even where it touches nothing. When the body touches
+   the in-plane edge of the image (a field of view that cuts the patient), the lungs cut by it are
+   not holes of the body; the air components that lie mostly inside the body's per-slice convex
+   hull are taken back (the air outside the patient lies outside that hull).
+3. **Airways out.** The air is eroded by ``airway_cut_mm`` (which cuts the bronchi joining the
+   trachea to the lungs), the largest component and the second largest (when at least
+   ``second_ratio`` of it) are kept as the lungs, then grown back inside the air by the same
+   radius. The trachea, the main bronchi outside the lungs and bowel gas are dropped.
+4. **Vessels and attached lesions in.** Holes are filled in 3D and per slice, the mask is closed
+   with a ball of ``closing_mm``, then each lung (left and right of the body's midline, separately,
+   so the mediastinum between them is never bridged) gets a per-slice closing with a disk of
+   ``lesion_closing_mm``: the rolling ball of classic lung CAD (Armato et al. 1999), which takes
+   back nodules and masses attached to the pleura or the hilum (a notch narrower than twice the
+   radius). 0 turns it off.
+5. Upsampled (nearest) back to the native grid.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from monai.data import MetaTensor
+from scipy import ndimage as ndi
+from skimage.morphology import convex_hull_image
+
+__all__ = ["Masker", "LungMasker", "ball", "fill_holes_2d", "largest_component", "coarse_view", "upsample_nearest",
+           "mask_like", "run_masker"]
+
+#: what a masker is: ``masker(hu, spacing) -> bool mask of hu.shape``
+Masker = Callable[[np.ndarray, Sequence[float]], np.ndarray]
+
+_SLICE_ONLY = np.zeros((3, 3, 3), bool)
+_SLICE_ONLY[:, :, 1] = ndi.generate_binary_structure(2, 1)
+
+
+def ball(radius_vox: Sequence[float]) -> np.ndarray:
+    """A boolean ellipsoid structuring element with the given per-axis radii (voxels)."""
+    r = [max(int(math.floor(v)), 0) for v in radius_vox]
+    g = np.ogrid[tuple(slice(-k, k + 1) for k in r)]
+    d = sum((gi / max(rv, 1e-6)) ** 2 for gi, rv in zip(g, radius_vox))
+    return d <= 1.0
+
+
+def fill_holes_2d(mask: np.ndarray) -> np.ndarray:
+    """Fill the holes of every axial slice at once: the background is labelled in 2D per slice
+    (a 3D label whose structure does not connect along z) and only what touches the slice border
+    stays background."""
+    bg, _ = ndi.label(~mask, structure=_SLICE_ONLY)
+    border = np.unique(np.concatenate([bg[0].ravel(), bg[-1].ravel(), bg[:, 0].ravel(), bg[:, -1].ravel()]))
+    return ~np.isin(bg, border[border > 0])
+
+
+def largest_component(mask: np.ndarray) -> np.ndarray:
+    """The largest 3D (face-connected) component of ``mask`` (empty when ``mask`` is)."""
+    labels, n = ndi.label(mask)
+    if n == 0:
+        return np.zeros(mask.shape, bool)
+    sizes = np.bincount(labels.ravel())
+    sizes[0] = 0
+    return labels == int(np.argmax(sizes))
+
+
+def coarse_view(hu: np.ndarray, spacing: Sequence[float], voxel_mm: float) -> tuple[np.ndarray, np.ndarray]:
+    """A strided view of ``hu`` at about ``voxel_mm`` (the centre of each block; no copy) and the
+    integer step per axis."""
+    spacing = np.asarray(spacing, dtype=float)
+    step = np.maximum(1, np.floor(voxel_mm / spacing + 1e-6)).astype(int)
+    off = step // 2
+    return hu[off[0]:: step[0], off[1]:: step[1], off[2]:: step[2]], step
+
+
+def upsample_nearest(mask: np.ndarray, step: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """Undo :func:`coarse_view` for a mask: repeat each voxel ``step`` times, crop/pad to ``shape``."""
+    full = mask
+    for ax in range(3):
+        if step[ax] > 1:
+            full = np.repeat(full, step[ax], axis=ax)
+    pad = [(0, max(n - f, 0)) for n, f in zip(shape, full.shape)]
+    if any(p[1] for p in pad):
+        full = np.pad(full, pad, mode="edge")
+    return full[: shape[0], : shape[1], : shape[2]]
+
+
+def mask_like(mask: np.ndarray, img) -> torch.Tensor:
+    """``mask`` as a ``(1, X, Y, Z)`` uint8 0/1 tensor (1 byte per voxel), a MetaTensor with ``img``'s
+    geometry when ``img`` is one."""
+    mt = torch.from_numpy(np.ascontiguousarray(mask, dtype=bool)[None].view(np.uint8))
+    if isinstance(img, MetaTensor):
+        return MetaTensor(mt, meta={**img.meta, "affine": img.affine.clone()})
+    return mt
+
+
+def run_masker(masker: Masker, hu: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+    """Call ``masker`` and check what it returns: a boolean array of ``hu.shape``."""
+    mask = np.asarray(masker(hu, spacing))
+    if mask.shape != hu.shape:
+        raise ValueError(f"the lung masker {type(masker).__name__} returned shape {mask.shape}, expected {hu.shape}")
+    return mask.astype(bool, copy=False)
+
+
+def _closing_2d(mask: np.ndarray, radius_mm: float, spacing: np.ndarray) -> np.ndarray:
+    """Per-slice closing with a disk of ``radius_mm``, exact in mm, by two Euclidean distance
+    transforms; a huge z sampling keeps every distance inside its own slice."""
+    samp = (float(spacing[0]), float(spacing[1]), 1e7)
+    grown = ndi.distance_transform_edt(~mask, sampling=samp) <= radius_mm
+    return ndi.distance_transform_edt(grown, sampling=samp) > radius_mm
+
+
+def _hull_per_slice(mask: np.ndarray, slices: np.ndarray) -> np.ndarray:
+    """The 2D convex hull of ``mask`` in the axial slices ``slices`` (elsewhere: empty)."""
+    out = np.zeros_like(mask)
+    for k in slices:
+        if mask[:, :, k].any():
+            out[:, :, k] = convex_hull_image(mask[:, :, k])
+    return out
+
+
+@dataclass
+class LungMasker:
+    """The built-in lung masker (see the module docstring for the steps).
+
+    Args:
+        threshold: air/lung threshold (HU).
+        body_threshold: body tissue threshold (HU).
+        padding_below: values below this are padding outside the reconstruction (HU).
+        mask_voxel_mm: the mask is computed on a grid sub-sampled to about this voxel size.
+        closing_mm: radius of the 3D closing (mm): vessels and small bumps at the lung surface.
+        lesion_closing_mm: radius of the per-slice, per-lung closing (mm) that takes back lesions
+            attached to the pleura or hilum; 0 turns it off.
+        second_ratio: the second largest air component is a lung when at least this fraction of
+            the largest.
+        airway_cut_mm: radius of the erosion that cuts the bronchi between trachea and lungs
+            (mm); 0 keeps the airways.
+    """
+
+    threshold: float = -400.0
+    body_threshold: float = -500.0
+    padding_below: float = -1500.0
+    mask_voxel_mm: float = 3.0
+    closing_mm: float = 6.0
+    lesion_closing_mm: float = 20.0
+    second_ratio: float = 0.15
+    airway_cut_mm: float = 5.0
+
+    def __call__(self, hu: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+        """Boolean lung mask of the HU volume ``hu`` ``(X, Y, Z)`` with voxel size ``spacing`` mm."""
+        spacing = np.asarray(spacing, dtype=float)
+        coarse, step = coarse_view(hu, spacing, self.mask_voxel_mm)
+        mask = self.coarse_mask(coarse, spacing * step)
+        if (step == 1).all():
+            return mask
+        return upsample_nearest(mask, step, hu.shape)
+
+    def config(self) -> dict:
+        """The settings, as plain numbers (for logs and cache keys)."""
+        return {"class": type(self).__name__, **asdict(self)}
+
+    # ----------------------------------------------------------------------------------------
+    def coarse_mask(self, coarse: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Steps 1-4 on an already sub-sampled volume with voxel size ``cs`` mm."""
+        inside = self.air_inside_body(coarse, cs)
+        lungs = self._drop_airways(inside, cs)
+        if not lungs.any():
+            return lungs
+        return self._close(lungs, cs)
+
+    def air_inside_body(self, coarse: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Steps 1-2: the air enclosed by the body (lungs, airways, bowel gas)."""
+        valid = coarse > self.padding_below
+        air = (coarse < self.threshold) & valid
+        body = largest_component(coarse > self.body_threshold)
+        filled = fill_holes_2d(body)
+        inside = air & filled
+        on_edge = body[0].any(axis=0) | body[-1].any(axis=0) | body[:, 0].any(axis=0) | body[:, -1].any(axis=0)
+        if on_edge.any():  # the field of view cuts the patient: take back the lungs it cuts
+            inside |= self._cut_by_fov(air & ~filled, body, np.flatnonzero(on_edge))
+        return inside
+
+    @staticmethod
+    def _cut_by_fov(outside_air: np.ndarray, body: np.ndarray, slices: np.ndarray) -> np.ndarray:
+        """The components of the air outside the filled body that lie mostly inside the body's
+        convex hull, computed in the slices where the body touches the image edge."""
+        labels, n = ndi.label(outside_air)
+        if n == 0:
+            return np.zeros_like(outside_air)
+        hull = _hull_per_slice(body, slices)
+        total = np.bincount(labels.ravel(), minlength=n + 1)
+        within = np.bincount(labels[hull], minlength=n + 1)
+        keep = np.flatnonzero(within >= 0.5 * np.maximum(total, 1))
+        keep = keep[keep > 0]
+        return np.isin(labels, keep) if keep.size else np.zeros_like(outside_air)
+
+    def _drop_airways(self, inside: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        core = inside
+        cut = self.airway_cut_mm / cs
+        if self.airway_cut_mm > 0 and (cut >= 1).any():
+            core = ndi.binary_erosion(inside, structure=ball(cut))
+            if not core.any():
+                core = inside
+        labels, n = ndi.label(core)
+        if n == 0:
+            return np.zeros_like(inside)
+        sizes = np.bincount(labels.ravel(), minlength=n + 1).astype(np.int64)
+        sizes[0] = 0
+        order = np.argsort(-sizes)[:2]
+        keep = [int(order[0])]
+        if len(order) > 1 and sizes[order[1]] > 0 and sizes[order[1]] >= self.second_ratio * sizes[order[0]]:
+            keep.append(int(order[1]))
+        mask = np.isin(labels, keep)
+        if core is not inside:  # grow the kept lungs back inside the air they came from
+            mask = ndi.binary_dilation(mask, structure=ball(cut)) & inside
+        return mask
+
+    def _close(self, mask: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Step 4 on the lung box (padded by the closing radii) only."""
+        rad = self.closing_mm / cs
+        reach = max(self.closing_mm, self.lesion_closing_mm)
+        pad = np.ceil(reach / cs).astype(int) + 1
+        nz = [np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != ax))) for ax in range(3)]
+        lo = [int(v[0]) for v in nz]
+        hi = [int(v[-1]) + 1 for v in nz]
+        box = tuple(slice(a, b) for a, b in zip(lo, hi))
+        sub = np.pad(mask[box], [(p, p) for p in pad])
+        sub = ndi.binary_fill_holes(sub)
+        sub = fill_holes_2d(sub)  # vessels entering at the hilum are not closed cavities in 3D
+        if (rad >= 1).any():
+            sub = ndi.binary_closing(sub, structure=ball(rad))
+        if self.lesion_closing_mm > 0:
+            sub |= self._lesion_closing(sub, cs)
+        out = np.zeros(mask.shape, bool)
+        out[box] = sub[tuple(slice(p, p + b - a) for p, a, b in zip(pad, lo, hi))]
+        return out
+
+    def _lesion_closing(self, lungs: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Per-slice closing of each lung separately (split halfway across the lungs' x extent),
+        each on its own box padded by the radius."""
+        xs = np.flatnonzero(lungs.any(axis=(1, 2)))
+        centre = int(round((xs[0] + xs[-1]) / 2))
+        pad = np.ceil(self.lesion_closing_mm / cs[:2]).astype(int) + 1
+        out = np.zeros_like(lungs)
+        for x0, x1 in ((0, centre), (centre, lungs.shape[0])):
+            half = lungs[x0:x1]
+            if not half.any():
+                continue
+            xi = np.flatnonzero(half.any(axis=(1, 2)))
+            yi = np.flatnonzero(half.any(axis=(0, 2)))
+            zi = np.flatnonzero(half.any(axis=(0, 1)))
+            lo = (xi[0], yi[0], zi[0])
+            sub = np.pad(half[xi[0]:xi[-1] + 1, yi[0]:yi[-1] + 1, zi[0]:zi[-1] + 1],
+                         [(pad[0], pad[0]), (pad[1], pad[1]), (0, 0)])
+            closed = _closing_2d(sub, self.lesion_closing_mm, cs)
+            # back onto the half's grid, clipped to the half (never across the midline)
+            gx0, gy0 = x0 + lo[0] - pad[0], lo[1] - pad[1]
+            sx = slice(max(gx0, x0), min(gx0 + closed.shape[0], x1))
+            sy = slice(max(gy0, 0), min(gy0 + closed.shape[1], lungs.shape[1]))
+            sz = slice(lo[2], lo[2] + closed.shape[2])
+            out[sx, sy, sz] |= closed[sx.start - gx0: sx.stop - gx0, sy.start - gy0: sy.stop - gy0]
+        return out
