@@ -7,6 +7,10 @@ channels, no parameters), so the 10-class model has exactly 464,154 parameters.
 Like the MIL model of :mod:`lungcal.mil`, the network is split into ``features(x) -> (B, 64)`` and
 ``head`` (an ``nn.Linear``), so stage-2 code (temperature scaling on logits, label-aware smoothing
 that retrains ``head`` alone) applies unchanged.
+
+References:
+    He, Zhang, Ren, Sun. "Deep Residual Learning for Image Recognition." CVPR 2016.
+    https://arxiv.org/abs/1512.03385
 """
 from __future__ import annotations
 

@@ -11,6 +11,12 @@ with native bf16 instructions (:func:`cpu_has_native_bf16`) bf16 autocast for *t
 about 1.8x faster for ResNet-32 on 2 cores. Weights, optimiser and loss stay float32.
 
 Every random draw uses a CPU generator (see :mod:`cifar_baselines.batches`).
+
+References:
+    Zhang, Cisse, Dauphin, Lopez-Paz. "mixup: Beyond Empirical Risk Minimization." ICLR 2018.
+    https://arxiv.org/abs/1710.09412
+    Thulasidasan, Chennupati, Bilmes, Bhattacharya, Michalak. "On Mixup Training: Improved Calibration
+    and Predictive Uncertainty for Deep Neural Networks." NeurIPS 2019. https://arxiv.org/abs/1905.11001
 """
 from __future__ import annotations
 

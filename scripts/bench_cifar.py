@@ -1,33 +1,44 @@
 #!/usr/bin/env python
-"""Training throughput of the cifar_baselines loop vs a plain per-sample DataLoader loop.
+"""Training throughput of the CIFAR bundles' MONAI trainer vs a hand-written loop and a plain DataLoader loop.
 
-Both train the same ResNet-32 (SGD, batch 128, CE) on the same uint8 CIFAR images for the same
-number of steps on this CPU (or GPU with --device cuda):
+All train the same ResNet-32 (SGD, batch 128) on the same uint8 images for the same number of steps,
+on this CPU (or a GPU with --device cuda):
 
-- ours: :class:`cifar_baselines.data.BatchIterator` (one gather + batch crop/flip/normalise on the
-  resident uint8 tensor), the model in channels_last and AMP as :func:`train_stage1` runs it (bf16
-  autocast on a CPU with native bf16, see :func:`cifar_baselines.train.cpu_has_native_bf16`); also
-  timed in float32 (``--no-amp`` equivalent) so each part's share is visible;
-- plain: a ``torch.utils.data.Dataset`` returning one augmented image at a time (pad, random
-  crop, flip, normalise per sample), a ``DataLoader`` collating them, the model in the default
-  memory format.
+- trainer: the bundle's ``train#trainer`` (``monai.engines.SupervisedTrainer`` with
+  :class:`cifar_baselines.steps.TrainStep`: batch crop/flip on the resident uint8 tensor,
+  channels_last, mixup for ``--method mixup``, AMP as the bundle runs it, i.e. bf16 autocast on a
+  CPU with native bf16), its per-iteration LR scheduler handler and training metrics; epoch-level
+  handlers (validation, MLflow, checkpoint) are left out, they do not run per image;
+- loop: the same work as one hand-written ``for`` loop (what ``train_stage1`` did before the bundles
+  built a ``SupervisedTrainer``): the engine's overhead is trainer / loop;
+- plain: a ``torch.utils.data.Dataset`` returning one augmented image at a time (pad, random crop,
+  flip, normalise per sample), a ``DataLoader`` collating them, float32, the default memory format.
 
-    python scripts/bench_cifar.py [--data runs/data/cifar10] [--steps 8] [--threads 1]
+    python scripts/bench_cifar.py [--data runs/data/cifar10] [--steps 8] [--threads 2] [--method ce]
 
-Without --data (or when it is missing) random uint8 images are used: the timing does not depend
-on pixel values. Prints img/s of both and the ratio.
+Without --data random uint8 images are used (the timing does not depend on pixel values). Prints
+img/s (best of --repeats interleaved runs) and the ratios.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from ignite.engine import Events
 
-from cifar_baselines.data import CIFAR_MEAN, CIFAR_STD, BatchIterator
+from cifar_baselines.batches import BatchIterator, augment_batch
+from cifar_baselines.bundle import load_bundle
+from cifar_baselines.data import CIFAR_MEAN, CIFAR_STD, CifarSplits, load_cifar10
 from cifar_baselines.resnet import resnet32
-from cifar_baselines.train import _autocast
+from cifar_baselines.schedule import lr_at
+from cifar_baselines.steps import autocast_for, prepare_images
+from lungcal.calibration.mixup import mixup
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class PerSampleCifar(torch.utils.data.Dataset):
@@ -50,75 +61,111 @@ class PerSampleCifar(torch.utils.data.Dataset):
         return (img.float() / 255 - self.mean) / self.std, self.y[i]
 
 
-def _train(model, batches, steps, device, amp=False):
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    model.train()
-    n, t0, it = 0, None, iter(batches)
-    for k in range(steps + 1):  # the first step is a warm-up, not timed
+def bench_trainer(x, y, steps: int, device: torch.device, method: str) -> float:
+    """img/s of the bundle's ``train#trainer`` over ``steps`` iterations after one warm-up iteration."""
+    os.chdir(ROOT)  # '%' macros resolve from the project root
+    p = load_bundle(f"bundles/cifar10_{method}.json", {"device": str(device), "epochs": 1})
+    p["data"] = CifarSplits(x.to(device), y.to(device), x[:1], y[:1], x[:1], y[:1], class_counts=[1] * 10)
+    p["train#handlers"] = p["train#handlers"][:1]  # the per-iteration LrScheduleHandler
+    trainer = p.get_parsed_content("train#trainer")
+    start: list[float] = []
+
+    def mark(engine):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start.append(time.perf_counter())
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=1), mark)
+    trainer.run()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return len(y) * steps / (steps + 1) / (time.perf_counter() - start[0])
+
+
+def bench_loop(x, y, steps: int, device: torch.device, method: str) -> float:
+    """The same training work as one hand-written loop (the pre-bundle ``train_stage1``)."""
+    torch.manual_seed(0)
+    model = resnet32().to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    ctx, _ = autocast_for(device, True, training=True)
+    gen = torch.Generator().manual_seed(1)
+    tot_loss, tot_hit, t0 = torch.zeros((), device=device), torch.zeros((), device=device), 0.0
+    for k, (xb, yb) in enumerate(BatchIterator(x.to(device), y.to(device), 128)):
         if k == 1:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-        xb, yb = next(it)
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-        with _autocast(device, amp, training=True)[0]:
+        opt.param_groups[0]["lr"] = lr_at(k / steps, 0.1)
+        xb = prepare_images(augment_batch(xb, generator=gen))
+        target = yb
+        if method == "mixup":
+            xb, target, _ = mixup(xb, yb, 1.0, 10, generator=gen)
+        with ctx:
             logits = model(xb)
-        loss = F.cross_entropy(logits.float(), yb)
+        loss = F.cross_entropy(logits.float(), target)
+        if not torch.isfinite(loss):
+            raise FloatingPointError("non-finite loss")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        n += len(yb) if k else 0
+        tot_loss += loss.detach() * len(yb)
+        tot_hit += (logits.detach().argmax(1) == yb).sum()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return n / (time.perf_counter() - t0)
+    return len(y) * steps / (steps + 1) / (time.perf_counter() - t0)
+
+
+def bench_plain(x, y, steps: int, device: torch.device) -> float:
+    """A per-sample ``Dataset`` + ``DataLoader`` loop, float32, default memory format."""
+    torch.manual_seed(0)
+    model = resnet32().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    dl = torch.utils.data.DataLoader(PerSampleCifar(x, y), batch_size=128, shuffle=True, num_workers=0)
+    t0 = 0.0
+    for k, (xb, yb) in enumerate(dl):
+        if k == 1:
+            t0 = time.perf_counter()
+        loss = F.cross_entropy(model(xb.to(device)), yb.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return len(y) * steps / (steps + 1) / (time.perf_counter() - t0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="folder with cifar-10-batches-py (default: random images)")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=8, help="timed steps of batch 128 (one more warms up)")
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--method", default="ce", choices=("ce", "mixup"))
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    n = args.batch_size * (args.steps + 2)
-    x = y = None
+    n = 128 * (args.steps + 1)
     if args.data:
-        try:
-            from cifar_baselines.data import load_cifar10
-            xs, ys = load_cifar10(args.data, "train")
-            x, y = torch.from_numpy(xs[:n]), torch.from_numpy(ys[:n])
-        except Exception as exc:  # noqa: BLE001
-            print(f"(no CIFAR at {args.data}: {exc}; using random images)")
-    if x is None:
+        xs, ys = load_cifar10(args.data, "train")
+        x, y = torch.from_numpy(xs[:n]), torch.from_numpy(ys[:n])
+    else:
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)
         y = torch.randint(0, 10, (n,), generator=g)
-    amp_dtype = _autocast(device, True, training=True)[1]
-    ours_all, fp32_all, plain_all = [], [], []
-    for _ in range(args.repeats):  # interleave to share any drift in machine load
-        for amp, store in ((True, ours_all), (False, fp32_all)):
-            if not amp and amp_dtype == torch.float32:
-                continue  # no AMP on this device: "ours" is already float32
-            torch.manual_seed(0)
-            m = resnet32().to(device).to(memory_format=torch.channels_last)
-            store.append(_train(m, BatchIterator(x.to(device), y.to(device), args.batch_size, channels_last=True),
-                                args.steps, device, amp=amp))
-        torch.manual_seed(0)
-        m = resnet32().to(device)
-        dl = torch.utils.data.DataLoader(PerSampleCifar(x, y), batch_size=args.batch_size, shuffle=True, num_workers=0)
-        plain_all.append(_train(m, dl, args.steps, device))
-    ours, plain = max(ours_all), max(plain_all)
-    print(f"device={device} threads={args.threads} batch={args.batch_size} steps={args.steps} (best of {args.repeats})")
-    amp_name = str(amp_dtype).split(".")[-1]
-    print(f"{'ours  (batch aug, resident uint8, channels_last, AMP ' + amp_name + ')':<58}: {ours:8.1f} img/s")
-    if fp32_all:
-        print(f"{'ours  float32 (the same, AMP off)':<58}: {max(fp32_all):8.1f} img/s")
-    print(f"{'plain (per-sample Dataset + DataLoader, float32)':<58}: {plain:8.1f} img/s")
-    print(f"ratio ours/plain: {ours / plain:.2f}x" + (f"  (float32 only: {max(fp32_all) / plain:.2f}x)" if fp32_all else ""))
+    rows: dict[str, list[float]] = {"trainer": [], "loop": [], "plain": []}
+    for _ in range(args.repeats):  # interleaved, so drift in the machine's load hits each alike
+        rows["trainer"].append(bench_trainer(x, y, args.steps, device, args.method))
+        rows["loop"].append(bench_loop(x, y, args.steps, device, args.method))
+        rows["plain"].append(bench_plain(x, y, args.steps, device))
+    best = {k: max(v) for k, v in rows.items()}
+    amp = str(autocast_for(device, True, training=True)[1]).split(".")[-1]
+    print(f"device={device} threads={args.threads} method={args.method} batch=128 steps={args.steps} "
+          f"AMP={amp} (best of {args.repeats})")
+    print(f"{'trainer (bundle train#trainer: SupervisedTrainer + TrainStep)':<64}: {best['trainer']:8.1f} img/s")
+    print(f"{'loop    (the same work, hand-written loop)':<64}: {best['loop']:8.1f} img/s")
+    print(f"{'plain   (per-sample Dataset + DataLoader, float32)':<64}: {best['plain']:8.1f} img/s")
+    print(f"trainer/loop {best['trainer'] / best['loop']:.3f}   trainer/plain {best['trainer'] / best['plain']:.2f}x")
 
 
 if __name__ == "__main__":
