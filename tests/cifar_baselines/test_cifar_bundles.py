@@ -137,6 +137,15 @@ def test_monai_bundle_run_cli(store):
     assert any(r.data.tags["lungcal.stage2"] == "ts" and r.info.status == "FINISHED" for r in runs)
 
 
+def test_user_error_under_monai_bundle_run_is_one_line_and_exit_2(store):
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/cifar10_ce.json",
+           "--data_dir", store["data_dir"], "--subset", "5"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("lungcal: error: ") and "subset=5 is too small" in last and "Traceback" not in proc.stderr
+
+
 def test_las_instantiates_from_a_checkpoint(store):
     s1 = run_bundle("bundles/cifar10_focal.json", {**store, **TINY})
     p = load_bundle("bundles/cifar10_las.json", {**store, "checkpoint": s1["checkpoint"]})
