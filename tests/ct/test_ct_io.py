@@ -7,7 +7,10 @@ import numpy as np
 import pydicom
 import pytest
 import SimpleITK as sitk
+from monai.transforms import LoadImage
 from pydicom.data import get_testdata_file
+from pydicom.dataset import FileMetaDataset
+from pydicom.uid import JPEG2000Lossless, RLELossless
 
 from lungcal.ct.io import DicomSeriesReader, SimpleITKReader, load_ct
 from lungcal.data.synthetic import fake_identifiers, write_dicom_series
@@ -75,8 +78,6 @@ def test_real_ct_small_file_against_pydicom(tmp_path):
 
 
 def test_missing_modality_and_compressed_rle(tmp_path):
-    from pydicom.uid import RLELossless
-
     vol, paths = _series(tmp_path / "rle", transfer_syntax=RLELossless)
     for p in paths:
         ds = pydicom.dcmread(p)
@@ -87,8 +88,6 @@ def test_missing_modality_and_compressed_rle(tmp_path):
 
 
 def test_jpeg2000_lossless_decoded(tmp_path):
-    from pydicom.uid import JPEG2000Lossless
-
     vol, paths = _series(tmp_path / "j2k", vol=_volume((64, 64, 4)))  # openjpeg needs >= 32 px tiles
     try:
         for p in paths:
@@ -208,8 +207,6 @@ def test_mhd_and_dicom_of_the_same_volume_agree(tmp_path):
 
 
 def test_readers_are_monai_readers(tmp_path):
-    from monai.transforms import LoadImage
-
     vol, _ = _series(tmp_path / "dcm")
     sitk.WriteImage(_sitk_image(vol, (-10.0, 20.0, -30.0)), str(tmp_path / "v.nrrd"))
     assert SimpleITKReader().verify_suffix(str(tmp_path / "v.nrrd"))
@@ -223,3 +220,84 @@ def test_readers_are_monai_readers(tmp_path):
     np.testing.assert_allclose(z.affine.numpy(), x.affine.numpy())
     assert str(z.meta["filename_or_obj"]).endswith("v.nrrd")
     shutil.rmtree(tmp_path / "dcm")
+
+
+def _dose_report(path, seed=13):
+    """A minimal DICOM SR object (what a CT dose report looks like to a folder scan)."""
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.88.67"
+    meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+    meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds = pydicom.Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = meta.MediaStorageSOPClassUID
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.Modality = "SR"
+    ds.SeriesInstanceUID = pydicom.uid.generate_uid()
+    ds.SeriesNumber = 99
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+
+
+def _mark_scout(paths):
+    for p in paths:
+        ds = pydicom.dcmread(p)
+        ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+        ds.save_as(p)
+
+
+def test_series_uid_picks_a_series_and_the_choice_is_logged_without_uids(tmp_path, caplog):
+    folder = tmp_path / "pacs"
+    vol, a = _series(folder / "a", seed=0)  # 10 slices
+    small = _volume((24, 20, 6), seed=5)
+    _, b = _series(folder / "b", vol=small, seed=5)
+    _, scout = _series(folder / "d", vol=_volume((24, 20, 3), seed=9), seed=9)
+    _mark_scout(scout)
+    _dose_report(folder / "dose" / "sr.dcm")
+    uid_b = str(pydicom.dcmread(b[0]).SeriesInstanceUID)
+    uids = {str(pydicom.dcmread(p[0]).SeriesInstanceUID) for p in (a, b, scout)}
+    with caplog.at_level("INFO", logger="lungcal.ct.io"):
+        img = load_ct(folder)
+    np.testing.assert_array_equal(img[0].numpy(), _ras(vol))  # default: the axial CT with most slices
+    assert "4 series" in caplog.text and "CT localizer" in caplog.text and "structured report" in caplog.text
+    assert "most slices" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="lungcal.ct.io"):
+        img = load_ct(folder, series_uid=uid_b)
+    np.testing.assert_array_equal(img[0].numpy(), _ras(small))
+    assert "named by series_uid" in caplog.text and "(6 files)" in caplog.text
+    assert not any(u in caplog.text for u in uids) and str(folder) not in caplog.text  # privacy
+    info = img.meta["series_info"]
+    assert info["format"] == "dicom" and info["modality"] == "CT" and info["n_gaps"] == 0
+    assert info["n_series_in_folder"] == 4 and abs(info["step_median_mm"] - SPACING[2]) < 1e-6
+    # a named series that is a scout, or not there at all
+    with pytest.raises(DataError, match="not an axial CT series: it is a CT localizer") as err:
+        load_ct(folder, series_uid=str(pydicom.dcmread(scout[0]).SeriesInstanceUID))
+    assert err.value.field == "series_uid"
+    with pytest.raises(DataError, match="not in the folder"):
+        load_ct(folder, series_uid="1.2.3.4")
+
+
+def test_folder_without_a_ct_series_lists_what_it_holds_in_one_line(tmp_path):
+    folder = tmp_path / "nope"
+    _, scout = _series(folder / "scout", vol=_volume((24, 20, 2), seed=9), seed=9)
+    _mark_scout(scout)
+    _, sc = _series(folder / "sc", vol=_volume((24, 20, 1), seed=11), seed=11)
+    ds = pydicom.dcmread(sc[0])
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    ds.save_as(sc[0])
+    _dose_report(folder / "sr.dcm")
+    (folder / "notes.txt").write_text("hello")
+    with pytest.raises(DataError, match="no axial CT series found") as err:
+        load_ct(folder)
+    text = str(err.value)
+    assert "\n" not in text
+    for what in ("CT localizer (scout) (2 files)", "secondary capture (1 file)", "structured report", "1 non-DICOM"):
+        assert what in text, text
+
+
+def test_series_uid_on_a_file_is_an_error(tmp_path):
+    sitk.WriteImage(_sitk_image(_volume(), (0.0, 0.0, 0.0)), str(tmp_path / "v.nii.gz"))
+    with pytest.raises(DataError, match="DICOM folder only"):
+        load_ct(tmp_path / "v.nii.gz", series_uid="1.2.3")
+    assert load_ct(tmp_path / "v.nii.gz").meta["series_info"] == {"format": "itk"}
