@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from monai.bundle import ckpt_export
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.networks.nets import ResNet
 
 from cifar_baselines.bundle import load_bundle, main, run_bundle
+from cifar_baselines.resnet import resnet32
 from cifar_baselines.workflow import LASRun, Stage1Run
 from lungcal.calibration.handlers import CalibrationMetrics
 from lungcal.calibration.losses import FocalLoss, LabelAwareSmoothingLoss
@@ -146,8 +148,16 @@ def test_user_error_under_monai_bundle_run_is_one_line_and_exit_2(store):
     assert last.startswith("lungcal: error: ") and "subset=5 is too small" in last and "Traceback" not in proc.stderr
 
 
-def test_las_instantiates_from_a_checkpoint(store):
+def test_a_stage1_checkpoint_feeds_las_and_ckpt_export(store, tmp_path):
     s1 = run_bundle("bundles/cifar10_focal.json", {**store, **TINY})
+    ts = tmp_path / "model.ts"  # python -m monai.bundle ckpt_export, in process
+    ckpt_export(net_id="network_def", filepath=str(ts), ckpt_file=s1["checkpoint"], key_in_ckpt="state_dict",
+                config_file="bundles/cifar10_focal.json")
+    exported = torch.jit.load(str(ts)).eval()
+    net = resnet32().eval()
+    net.load_state_dict(torch.load(s1["checkpoint"], weights_only=True)["state_dict"])
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(exported(x), net(x))
     p = load_bundle("bundles/cifar10_las.json", {**store, "checkpoint": s1["checkpoint"]})
     assert isinstance(p.get_parsed_content("experiment"), LASRun)
     assert isinstance(p.get_parsed_content("loss"), LabelAwareSmoothingLoss)
