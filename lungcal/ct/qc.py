@@ -172,7 +172,7 @@ def check_series(image, *, config: QCConfig | Mapping[str, Any] | None = None, m
         name = image.meta.get("filename_or_obj")
     checks = [check_series_type(info, spacing, cfg), check_geometry(arr.shape, spacing, cfg)]
     volume = None
-    if checks[-1].verdict == "fail":
+    if min(arr.shape) < cfg.min_slices or not np.all(np.isfinite(spacing)) or np.any(spacing <= 0):
         why = "not measured: the series is not a 3D volume (see geometry)"
         checks += [QCCheck(n, "skip", "-", why) for n in CHECKS[2:]]
     else:

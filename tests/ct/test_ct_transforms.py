@@ -4,11 +4,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from monai.transforms import Compose
 
-from lungcal.ct.transforms import (DEFAULT_HU_WINDOW, HUWindowd, build_preprocess, hu_window, lung_bbox, lung_mask,
-                                   preprocess_ct)
-from lungcal.data.synthetic import Nodule, ScannerProfile, make_phantom, write_dicom_series, fake_identifiers
-from lungcal.errors import DataError
+from lungcal.ct.io import load_ct
+from lungcal.ct.masking import LungMasker
+from lungcal.ct.transforms import (
+    DEFAULT_HU_WINDOW,
+    HUWindowd,
+    LungMaskd,
+    build_preprocess,
+    hu_window,
+    lung_bbox,
+    lung_mask,
+    preprocess_ct,
+)
+from lungcal.data.synthetic import Nodule, ScannerProfile, fake_identifiers, make_phantom, write_dicom_series
+from lungcal.errors import ConfigError, DataError
 
 SHAPE, SPACING = (96, 96, 64), (3.2, 3.2, 3.6)
 
@@ -45,7 +56,8 @@ def test_lung_mask_recovers_the_phantom_lungs(phantom):
     dice = 2 * (m & truth).sum() / (m.sum() + truth.sum())
     assert dice > 0.9, dice
     # the planted nodule (inside the lung) is part of the mask: holes are filled
-    c = np.round((np.array([70.0, 10.0, 10.0]) - (-(np.array(SHAPE) - 1) / 2 * np.array(SPACING))) / SPACING).astype(int)
+    origin = -(np.array(SHAPE) - 1) / 2 * np.array(SPACING)
+    c = np.round((np.array([70.0, 10.0, 10.0]) - origin) / SPACING).astype(int)
     assert m[tuple(c)]
     # the air outside the body (touching the in-plane border) is never lung
     assert not m[0].any() and not m[-1].any() and not m[:, 0].any() and not m[:, -1].any()
@@ -75,8 +87,6 @@ def test_lung_bbox_margin_and_clip():
 
 
 def test_preprocess_ct_crop_keeps_world_geometry(phantom_dicom):
-    from lungcal.ct.io import load_ct
-
     raw = load_ct(phantom_dicom)
     out = preprocess_ct(phantom_dicom, spacing=None, margin_mm=8.0)
     img, msk = out["image"], out["lung_mask"]
@@ -102,6 +112,59 @@ def test_preprocess_ct_resamples_to_spacing(phantom_dicom):
 
 
 def test_build_preprocess_is_a_monai_compose():
-    from monai.transforms import Compose
-
     assert isinstance(build_preprocess((1.5, 1.5, 1.5)), Compose)
+
+
+class _BoxMasker:
+    """A stand-in for a learned segmenter: a fixed box, counting its calls."""
+
+    def __init__(self, box):
+        self.box, self.calls = box, 0
+
+    def __call__(self, hu, spacing):
+        self.calls += 1
+        m = np.zeros(hu.shape, bool)
+        m[self.box] = True
+        return m
+
+
+def test_a_plugged_in_masker_replaces_the_built_in_one(phantom_dicom):
+    box = np.s_[20:60, 30:70, 10:50]
+    masker = _BoxMasker(box)
+    out = preprocess_ct(phantom_dicom, spacing=None, margin_mm=0.0, masker=masker)
+    assert masker.calls == 1
+    raw = load_ct(phantom_dicom)
+    assert out["lung_mask"].shape[1:] == (40, 40, 40)  # the crop is the masker's box
+    np.testing.assert_allclose(np.linalg.solve(raw.affine.numpy(), out["image"].affine.numpy()[:, 3])[:3], [20, 30, 10],
+                               atol=1e-4)
+    with pytest.raises(ConfigError, match="together with a masker"):
+        build_preprocess(masker=masker, closing_mm=3.0)
+    with pytest.raises(ConfigError, match="callable"):
+        LungMaskd(masker="lungmask")
+    # a masker that finds nothing: the one clear error, naming the file
+    with pytest.raises(DataError, match="no lungs found") as err:
+        preprocess_ct(phantom_dicom, spacing=None, masker=_BoxMasker(np.s_[0:0]))
+    assert str(phantom_dicom) in str(err.value)
+
+
+def test_build_preprocess_with_qc_masks_once_and_keeps_the_report(phantom_dicom):
+    masker = _BoxMasker(np.s_[10:80, 10:80, 5:60])
+    out = build_preprocess(spacing=None, masker=masker, qc=True, qc_policy="record")({"image": str(phantom_dicom)})
+    assert masker.calls == 1  # QCd computed the mask, LungMaskd reused it
+    report = out["qc"]
+    assert [c.name for c in report.checks][:2] == ["series_type", "geometry"]
+    assert report["slice_thickness"].verdict == "fail"  # this phantom has 3.6 mm slices
+    with pytest.raises(DataError, match="slice_thickness"):
+        build_preprocess(spacing=None, masker=masker, qc={"max_slice_thickness_mm": 3.0})({"image": str(phantom_dicom)})
+    ok = preprocess_ct(phantom_dicom, spacing=None, qc={"max_slice_thickness_mm": 4.0, "warn_slice_thickness_mm": 4.0,
+                                                       "max_pixel_mm": 3.5})
+    assert ok["qc"].ok, ok["qc"].format()
+
+
+def test_lung_mask_settings_reach_the_built_in_masker(phantom):
+    hu, _, _ = phantom
+    a = lung_mask(hu, SPACING, lesion_closing_mm=0.0)
+    b = LungMasker(lesion_closing_mm=0.0)(hu, SPACING)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError, match="bad lung mask setting"):
+        lung_mask(hu, SPACING, no_such_setting=1)

@@ -1,0 +1,104 @@
+"""lungcal.ct.masking: the body-first lung mask on phantoms (cut fields of view, padding, lesions on
+the pleura, the mediastinum) and its helpers against scipy/scikit-image."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import ndimage as ndi
+from skimage.measure import label as sk_label
+
+from lungcal.ct.masking import LungMasker, fill_holes_2d, largest_component, upsample_nearest
+from lungcal.data.synthetic import Nodule, ScannerProfile, make_phantom
+
+SHAPE, SPACING = (128, 128, 96), (2.5, 2.5, 2.5)
+
+
+@pytest.fixture(scope="module")
+def phantom():
+    hu, origin, truth = make_phantom(np.random.default_rng(5), SHAPE, SPACING, (), ScannerProfile(noise_hu=15))
+    return hu, origin, truth
+
+
+def _dice(a, b):
+    return 2 * (a & b).sum() / (a.sum() + b.sum())
+
+
+def test_mask_matches_the_phantom_and_the_lesion_closing_only_adds(phantom):
+    hu, _, truth = phantom
+    plain = LungMasker(lesion_closing_mm=0)(hu, SPACING)
+    full = LungMasker()(hu, SPACING)
+    assert _dice(plain, truth) > 0.9
+    assert not (plain & ~full).any()  # the closing never removes lung
+    assert (full & ~plain).sum() < 0.01 * truth.sum()  # and adds little to smooth lungs
+
+
+def test_lungs_cut_by_the_field_of_view_survive(phantom):
+    hu, _, truth = phantom
+    xs = np.flatnonzero(truth.any(axis=(1, 2)))
+    cut = 6  # voxels (15 mm) of each lung fall outside the image
+    sl = np.s_[xs[0] + cut: xs[-1] + 1 - cut]
+    small, t = np.ascontiguousarray(hu[sl]), truth[sl]
+    # the case of the issue: every air component touching the image edge is the lungs
+    labels, _ = ndi.label(small < -400)
+    on_edge = np.unique(np.concatenate([labels[0].ravel(), labels[-1].ravel()]))
+    assert np.isin(labels[t], on_edge[on_edge > 0]).mean() > 0.9
+    m = LungMasker()(small, SPACING)
+    assert _dice(m, t) > 0.9, _dice(m, t)
+    # the air in front of and behind the body (still in the image) stays out
+    assert not m[:, :3].any() and not m[:, -3:].any()
+
+
+def test_padding_outside_the_reconstruction_circle_is_neither_air_nor_body(phantom):
+    hu, _, truth = phantom
+    x, y = np.ogrid[: SHAPE[0], : SHAPE[1]]
+    outside = (x - SHAPE[0] / 2) ** 2 + (y - SHAPE[1] / 2) ** 2 > (0.49 * SHAPE[0]) ** 2
+    padded = hu.copy()
+    padded[outside] = -2048
+    np.testing.assert_array_equal(LungMasker()(padded, SPACING), LungMasker()(hu, SPACING))
+
+
+def test_a_lesion_on_the_pleura_is_taken_back():
+    _, origin, truth = make_phantom(np.random.default_rng(5), SHAPE, SPACING, (), ScannerProfile(noise_hu=15))
+    k, d = SHAPE[2] // 2, 20.0
+    depth = ndi.distance_transform_edt(truth[:, :, k], sampling=SPACING[:2])
+    pts = np.argwhere(np.abs(depth - (d / 2 - 1.0)) < 1.0)  # the nodule pokes 1 mm into the chest wall
+    p = pts[np.argmax(pts[:, 0])]
+    centre = origin + np.array([p[0], p[1], k]) * SPACING
+    hu, origin, _ = make_phantom(np.random.default_rng(5), SHAPE, SPACING,
+                                 [Nodule(tuple(centre), d, True, "smooth", "solid")], ScannerProfile(noise_hu=15))
+    grid = np.indices(SHAPE).reshape(3, -1).T * np.asarray(SPACING) + origin
+    nodule = (np.linalg.norm(grid - centre, axis=1) < d / 2).reshape(SHAPE)
+    plain = LungMasker(lesion_closing_mm=0)(hu, SPACING)
+    full = LungMasker()(hu, SPACING)
+    assert plain[nodule].mean() < 0.1  # a threshold mask leaves it out ...
+    assert full[nodule].mean() > 0.4, full[nodule].mean()  # ... the rolling ball takes most of it back
+    assert (full & ~plain).sum() < 0.02 * plain.sum()
+
+
+def test_the_closing_never_bridges_the_mediastinum(phantom):
+    hu, _, truth = phantom
+    m = LungMasker(lesion_closing_mm=80.0)(hu, SPACING)  # a ball far wider than the gap between the lungs
+    k = SHAPE[2] // 2
+    cols = np.flatnonzero(truth[:, :, k].any(axis=1))
+    gap = [x for x in range(cols[0], cols[-1]) if not truth[x, :, k].any()]
+    assert gap, "the phantom's lungs should be apart at mid height"
+    assert not m[gap[len(gap) // 2], :, k].any()
+
+
+def test_no_lungs_gives_an_empty_mask():
+    hu, _, _ = make_phantom(np.random.default_rng(1), (64, 64, 40), (4.0, 4.0, 5.0), lungs=False)
+    assert LungMasker()(hu, (4.0, 4.0, 5.0)).sum() < 50
+
+
+def test_helpers_against_scipy_and_skimage():
+    rng = np.random.default_rng(0)
+    m = ndi.binary_opening(rng.random((30, 28, 6)) > 0.45)
+    per_slice = np.stack([ndi.binary_fill_holes(m[:, :, k]) for k in range(m.shape[2])], axis=2)
+    np.testing.assert_array_equal(fill_holes_2d(m), per_slice)
+    lab = sk_label(m, connectivity=1)
+    sizes = np.bincount(lab.ravel())
+    sizes[0] = 0
+    np.testing.assert_array_equal(largest_component(m), lab == np.argmax(sizes))
+    assert not largest_component(np.zeros((3, 3, 3), bool)).any()
+    up = upsample_nearest(np.arange(8).reshape(2, 2, 2) > 3, (2, 3, 1), (4, 5, 2))
+    assert up.shape == (4, 5, 2) and up[3, 4, 1] and not up[0, 0, 0]
