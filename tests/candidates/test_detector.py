@@ -141,3 +141,27 @@ def test_bad_inputs():
         LoGBlobDetector(radii_mm=())
     with pytest.raises(ValueError):
         Candidates(np.zeros((2, 3)), np.zeros((2, 3)), np.ones(2), np.array([0.1, 0.5]))
+
+
+@pytest.mark.parametrize("diameter", [40.0, 50.0])
+def test_masses_up_to_50_mm_are_found_at_their_size(diameter):
+    spacing, shape = (2.5, 2.5, 2.5), (64, 64, 48)
+    centre = (32, 30, 24)
+    vol = _phantom(shape, spacing, [(centre, diameter / 2)] + [((10, 10, 8), 3.0)])
+    mask = np.ones(shape, bool)
+    c = LoGBlobDetector(top_k=5).detect(vol, mask, spacing, np.diag([*spacing, 1.0]))
+    d_mm = np.sqrt((((c.voxel - np.asarray(centre)) * spacing) ** 2).sum(1))
+    assert d_mm[0] <= 5.0, (c.voxel, c.radius_mm)  # the mass is the top candidate ...
+    assert c.radius_mm[0] == pytest.approx(diameter / 2, rel=0.3)  # ... at its own scale
+    # with the former largest scale (14 mm) the estimate is capped far below the mass' size
+    old = LoGBlobDetector(top_k=5, radii_mm=(2.5, 3.5, 5.0, 7.0, 10.0, 14.0)).detect(vol, mask, spacing, np.eye(4))
+    assert old.radius_mm.max() <= 14.0 + 1e-9
+
+
+def test_scales_narrower_than_half_a_voxel_are_skipped():
+    det = LoGBlobDetector()
+    assert min(det.radii_mm) == 1.5 and max(det.radii_mm) == 25.0  # nodules of 3 mm to masses of 50 mm
+    fine, coarse = det.sigmas_mm((1.0, 1.0, 1.0)), det.sigmas_mm((2.5, 2.5, 2.5))
+    np.testing.assert_allclose(fine, np.sort(det.radii_mm) / np.sqrt(3))
+    np.testing.assert_allclose(coarse, fine[1:])  # 1.5 mm / sqrt(3) = 0.35 voxel at 2.5 mm
+    assert len(LoGBlobDetector(radii_mm=(0.5,)).sigmas_mm((3.0, 3.0, 3.0))) == 1  # the largest always stays
