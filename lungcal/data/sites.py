@@ -2,43 +2,117 @@
 
 The CSV has a header with the columns ``subject_id, image, label`` and optionally ``split``
 (other columns are ignored). ``image`` is a DICOM series folder or a NIfTI/MHD/MHA/NRRD file;
-relative paths resolve against the CSV's folder. ``label`` is 0 or 1. ``split`` (train/val/test)
+relative paths resolve against the CSV's folder, absolute paths are kept, and Windows
+backslashes (``scans\\ct01``) are read as folder separators.
+
+CSVs as hospitals write them (:func:`read_csv_rows`): UTF-8, UTF-8 with a byte-order mark (Excel's
+"CSV UTF-8"), UTF-16 with its mark (Excel's "Unicode text"), or Windows-1252 (Excel's plain "CSV" on
+a Western-European Windows; read with a warning, as the encoding cannot be proven); the delimiter
+is a comma, a semicolon (Excel where the decimal mark is a comma) or a tab, whichever splits the
+header into the required columns. A file that is none of these encodings is one
+:class:`~lungcal.errors.DataError` naming the line. ``label`` is 0 or 1. ``split`` (train/val/test)
 is kept when given; subjects without one are split by patient, stratified by label, seeded.
 ``subject_id`` is replaced by a salted pseudonym (:func:`lungcal.data.splits.pseudonym`): the
 real ID never reaches the datalist.
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import io
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from lungcal.errors import DataError
 
 from .manifest import save_manifest, validate_rows
 from .splits import SPLITS, apply_splits, get_salt, pseudonym
 
-__all__ = ["SITE_COLUMNS", "import_site", "read_csv_rows"]
+__all__ = ["SITE_COLUMNS", "import_site", "read_csv_rows", "decode_csv", "site_path"]
+
+log = logging.getLogger(__name__)
 
 SITE_COLUMNS = ("subject_id", "image", "label")
+DELIMITERS = (",", ";", "\t")
+_DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
+
+
+def decode_csv(data: bytes, path: str | os.PathLike | None = None) -> tuple[str, str]:
+    """Decode a CSV's bytes: ``(text, encoding)``.
+
+    A byte-order mark decides (UTF-8 or UTF-16); otherwise strict UTF-8, then Windows-1252 with a
+    warning. Bytes that are neither raise a :class:`DataError` naming the line.
+    """
+    if data.startswith(codecs.BOM_UTF8):
+        return data[len(codecs.BOM_UTF8):].decode("utf-8", errors="strict"), "utf-8-sig"
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16"), "utf-16"
+        except UnicodeDecodeError as exc:
+            raise _undecodable(data, exc, path, "UTF-16") from None
+    try:
+        return data.decode("utf-8", errors="strict"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    try:
+        text = data.decode("cp1252", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise _undecodable(data, exc, path, "UTF-8 or Windows-1252") from None
+    log.warning("%s is not UTF-8: read as Windows-1252 (cp1252), as Excel on Windows writes it; check accented "
+                "names in the datalist, or save the CSV as 'CSV UTF-8'", Path(path).name if path else "the CSV")
+    return text, "cp1252"
+
+
+def _undecodable(data: bytes, exc: UnicodeDecodeError, path, tried: str) -> DataError:
+    start = data.rfind(b"\n", 0, exc.start) + 1
+    line = data.count(b"\n", 0, exc.start) + 1
+    return DataError(f"line {line} is not {tried} text (byte 0x{data[exc.start]:02x} at character "
+                     f"{exc.start - start + 1})", file=path, fix="save the file from Excel as 'CSV UTF-8'")
+
+
+def _sniff(text: str, required: Sequence[str]) -> str:
+    """The delimiter that splits the header into the required columns (else the one giving most)."""
+    header = text.splitlines()[0] if text else ""
+    best, best_n = ",", -1
+    for delim in DELIMITERS:
+        cols = [c.strip() for c in next(csv.reader([header], delimiter=delim), [])]
+        if all(c in cols for c in required):
+            return delim
+        if len(cols) > best_n:
+            best, best_n = delim, len(cols)
+    return best
+
+
+def site_path(value: str, base: Path) -> Path:
+    """An image path from a site CSV: absolute kept, relative resolved against ``base``; Windows
+    backslashes are folder separators (on POSIX)."""
+    text = value.strip()
+    if os.sep == "/" and "\\" in text:
+        text = text.replace("\\", "/")
+    p = Path(text).expanduser()
+    return p if p.is_absolute() else base / p
 
 
 def read_csv_rows(path: str | os.PathLike, required: Sequence[str]) -> list[dict]:
-    """Read a CSV with a header into dicts; DataError when the file or a required column is missing."""
+    """Read a CSV with a header into dicts (encoding and delimiter as hospitals write them, see the
+    module docstring); DataError when the file, its encoding or a required column is wrong."""
     path = Path(path)
     if not path.is_file():
         raise DataError("CSV not found", file=path, fix="check the path")
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        cols = [c.strip() for c in (reader.fieldnames or [])]
-        missing = [c for c in required if c not in cols]
-        if missing:
-            raise DataError(f"wrong columns: missing {missing}, found {cols}", file=path, field=missing[0],
-                            fix=f"the header must contain {list(required)}")
-        rows = [{(k or "").strip(): (v or "").strip() for k, v in r.items()} for r in reader]
-    if not rows:
+    text, encoding = decode_csv(path.read_bytes(), path)
+    delim = _sniff(text, required)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delim)
+    cols = [(c or "").strip() for c in (reader.fieldnames or [])]
+    missing = [c for c in required if c not in cols]
+    if missing:
+        raise DataError(f"wrong columns: missing {missing}, found {cols}", file=path, field=missing[0],
+                        fix=f"the header must contain {list(required)}, separated by commas, semicolons or tabs")
+    rows = [{(k or "").strip(): (v or "").strip() for k, v in r.items() if not isinstance(v, list)} for r in reader]
+    if not any(any(r.values()) for r in rows):
         raise DataError("the CSV has no data rows", file=path, fix="add one row per CT")
+    log.debug("%s: %d rows, %s, %s-separated", path.name, len(rows), encoding, _DELIMITER_NAMES[delim])
     return rows
 
 
@@ -78,12 +152,13 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
     rows = []
     seen: dict[tuple[str, str], int] = {}
     for i, r in enumerate(raw):
+        if not any(r.values()):  # a line of bare delimiters, as Excel leaves below the table
+            continue
         if not r.get("subject_id"):
             raise DataError("empty subject_id", file=path, row=i, field="subject_id", fix="fill in the patient ID")
         if not r.get("image"):
             raise DataError("empty image path", file=path, row=i, field="image", fix="fill in the image path")
-        img = Path(r["image"]).expanduser()
-        img = img if img.is_absolute() else path.parent / img
+        img = site_path(r["image"], path.parent)
         key = (r["subject_id"], os.path.normpath(img))
         if key in seen:
             raise DataError(f"duplicate row: the same subject and image as row {seen[key]}", file=path, row=i,

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 
+from lungcal.cli import main as cli_main
 from lungcal.data.nlst import import_nlst, nlst_label
 from lungcal.data.sites import import_site
 from lungcal.data.splits import pseudonym
@@ -118,3 +120,49 @@ def test_import_site_errors(tmp_path, lines, header, row, field, match):
     with pytest.raises(DataError, match=match) as err:
         import_site(csv, "ucd", salt="k")
     assert err.value.row == row and err.value.field == field and "site.csv" in str(err.value)
+
+
+ACCENTED = "Müller-Gérard"  # an accented name: its bytes differ between UTF-8 and cp1252
+
+
+def _excel_csv(tmp_path, encoding, delim, images):
+    for name in ("a.nii.gz", "b.nii.gz", "c.nii.gz"):
+        (tmp_path / "imgs").mkdir(exist_ok=True)
+        (tmp_path / "imgs" / name).write_bytes(b"x")
+    lines = [delim.join(("subject_id", "image", "label", "split"))]
+    lines += [delim.join((sid, img, lab, "")) for sid, img, lab in images]
+    lines.append(delim * 3)  # the empty row Excel leaves below a table
+    p = tmp_path / "site.csv"
+    p.write_bytes(("\r\n".join(lines) + "\r\n").encode(encoding))
+    return p
+
+
+@pytest.mark.parametrize("encoding, delim", [("cp1252", ";"), ("utf-8-sig", ","), ("utf-16", "\t"), ("utf-8", "\t"),
+                                             ("utf-8", ";")])
+def test_import_site_reads_csvs_as_excel_writes_them(tmp_path, caplog, encoding, delim):
+    absolute = str(tmp_path / "imgs" / "c.nii.gz")
+    csv_path = _excel_csv(tmp_path, encoding, delim, [(ACCENTED, "imgs\\a.nii.gz", "1"), ("MRN2", "imgs/b.nii.gz", "0"),
+                                                      ("MRN3", absolute, "0")])
+    with caplog.at_level(logging.WARNING, logger="lungcal.data.sites"):
+        rows = import_site(csv_path, "ucd", salt="k")
+    assert [r["image"] for r in rows] == [str(tmp_path / "imgs" / n) for n in ("a.nii.gz", "b.nii.gz", "c.nii.gz")]
+    assert rows[0]["subject"] == pseudonym(ACCENTED, "k")  # the name was decoded, not mangled
+    assert ("Windows-1252" in caplog.text) == (encoding == "cp1252")
+
+
+def test_an_undecodable_csv_is_one_error_naming_the_line(tmp_path):
+    p = tmp_path / "site.csv"
+    p.write_bytes(b"subject_id,image,label\r\nMRN1,a.nii.gz,1\r\nMRN\x81,b.nii.gz,0\r\n")  # 0x81: in neither
+    with pytest.raises(DataError, match="line 3 is not UTF-8 or Windows-1252 text") as err:
+        import_site(p, "ucd", salt="k", check_files=False)
+    assert "\n" not in str(err.value) and "site.csv" in str(err.value)
+
+
+def test_cli_import_site_reads_a_cp1252_semicolon_csv(tmp_path, capsys):
+    csv_path = _excel_csv(tmp_path, "cp1252", ";", [(ACCENTED, "imgs\\a.nii.gz", "1"), ("MRN2", "imgs\\b.nii.gz", "0")])
+    out = tmp_path / "dl.json"
+    assert cli_main(["import-site", str(csv_path), "--site", "ucd", "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    text = out.read_text()
+    assert '"imgs/b.nii.gz"' in text  # the backslash path, saved relative to the datalist
+    assert ACCENTED not in text and "MRN2" not in text
