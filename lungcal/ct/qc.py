@@ -131,10 +131,11 @@ class QCReport:
 
     def format(self) -> str:
         """A plain-text table, one line per check."""
-        width = max(len(c.name) for c in self.checks) if self.checks else 5
+        width = max((len(c.name) for c in self.checks), default=5)
+        vwidth = max((len(c.value) for c in self.checks), default=5)
         lines = [f"{(self.name or 'series')}: {self.verdict.upper()} ({self.seconds:.1f} s)"]
         for c in self.checks:
-            lines.append(f"  {c.name:<{width}}  {c.verdict:<4}  {c.value:<32}  {c.reason}")
+            lines.append(f"  {c.name:<{width}}  {c.verdict:<4}  {c.value:<{vwidth}}  {c.reason}")
         return "\n".join(lines)
 
 

@@ -1,0 +1,107 @@
+"""``lungcal qc DATALIST_OR_PATH``: the series checks of every CT (registered by :mod:`lungcal.cli`).
+
+Prints each CT's report (check, verdict, measured value, reason), then a summary with the count of
+each failed check; ``--csv`` writes ``qc.csv`` (pseudonym, check, verdict, value: no paths). Exit
+code 0 when no series failed (warnings allowed), 2 when any failed or could not be read.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+from collections import Counter
+from pathlib import Path
+
+from lungcal.errors import ConfigError
+
+__all__ = ["register", "parse_settings"]
+
+_ROW_FIELDS = ("pseudonym", "check", "verdict", "value")
+
+
+def parse_settings(items: list[str] | None) -> dict:
+    """``["max_slice_thickness_mm=2.5", ...]`` -> QCConfig keyword arguments (typed like the defaults)."""
+    from .qc import QCConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(QCConfig)}
+    out = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ConfigError(f"bad --set {item!r}", field="qc",
+                              fix=f"use NAME=VALUE with NAME one of {sorted(fields)}")
+        kind = type(fields[name])
+        try:
+            out[name] = kind(text.strip())
+        except ValueError:
+            raise ConfigError(f"--set {name} needs a {kind.__name__}, got {text!r}", field=f"qc.{name}",
+                              fix=f"e.g. --set {name}={fields[name]}") from None
+    return out
+
+
+def _targets(target: str) -> list[dict]:
+    from lungcal.data.manifest import load_manifest
+
+    p = Path(target)
+    if p.is_file() and p.suffix.lower() == ".json":
+        return load_manifest(p, check_files=False)
+    return [{"image": str(p), "subject": ""}]
+
+
+def _cmd_qc(args) -> int:
+    from lungcal.errors import LungcalError
+    from lungcal.paths import atomic_write_text
+
+    from .qc import QCConfig, check_series
+
+    config = QCConfig.from_any(parse_settings(args.set))
+    rows = _targets(args.target)
+    if args.series_uid and len(rows) > 1:
+        raise ConfigError("--series-uid applies to a single DICOM folder", field="series_uid",
+                          fix="put a series_uid column in the datalist rows instead")
+    table: list[dict] = []
+    verdicts: Counter = Counter()
+    reasons: Counter = Counter()
+    for r in rows:
+        who = r.get("subject") or ""
+        label = f"{who} {r['image']}".strip()
+        try:
+            report = check_series(r["image"], config=config, name=label,
+                                  series_uid=args.series_uid or r.get("series_uid") or None)
+        except LungcalError as exc:
+            print(f"{label}: FAIL (cannot be read)\n  {exc}")
+            verdicts["fail"] += 1
+            reasons["unreadable"] += 1
+            table.append({"pseudonym": who, "check": "read", "verdict": "fail", "value": "-"})
+            continue
+        print(report.format())
+        verdicts[report.verdict] += 1
+        reasons.update(c.name for c in report.failed)
+        table += report.as_rows(who)
+    print(f"\n{len(rows)} CT(s): {verdicts['pass']} pass, {verdicts['warn']} warn, {verdicts['fail']} fail")
+    for name, n in reasons.most_common():
+        print(f"  {name:<16} failed {n}")
+    if args.csv:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=_ROW_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+        atomic_write_text(args.csv, buf.getvalue())
+        print(f"wrote {args.csv}")
+    return 2 if verdicts["fail"] else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``lungcal qc`` to the ``lungcal`` parser."""
+    p = subparsers.add_parser("qc", help="series checks: is each CT a chest CT lungcal can score?",
+                              description="Run the series checks (lungcal.ct.qc) on a datalist or one CT; "
+                                          "exit code 2 when any series fails.")
+    p.add_argument("target", metavar="DATALIST_OR_PATH",
+                   help="a datalist JSON, a DICOM series folder or a NIfTI/MHD/NRRD file")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="a threshold of lungcal.ct.qc.QCConfig, e.g. --set max_slice_thickness_mm=2.5 (repeatable)")
+    p.add_argument("--series-uid", default=None, help="DICOM folder with several series: the one to check")
+    p.add_argument("--csv", default=None, help="write the qc.csv table (pseudonym, check, verdict, value)")
+    p.set_defaults(func=_cmd_qc)
