@@ -16,6 +16,7 @@ from lungcal.errors import LungcalError
 # modules exposing ``register(subparsers)``; order is the order in ``lungcal --help``
 COMMAND_MODULES = [
     "lungcal.data.commands",
+    "lungcal.ct.commands",
     "lungcal.engine.commands",
     "lungcal.study.commands",
     "lungcal.tracking.commands",
