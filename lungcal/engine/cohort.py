@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from lungcal.candidates.cache import BagParams, build_bags, load_bag
+from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.data.synthetic import ensure_demo_cohort
 from lungcal.engine.bagset import BagSet
@@ -84,10 +85,10 @@ class CTCohort:
                  demo_subjects: int | None = None) -> None:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
-        detector_kwargs = {} if detector is None else dataclasses.asdict(detector)
-        if detector is not None and type(detector).__name__ != "LoGBlobDetector":
+        if detector is not None and not isinstance(detector, LoGBlobDetector):
             raise ConfigError(f"the bag cache builds LoGBlobDetector candidates, got {type(detector).__name__}",
                               field="detector", fix="use lungcal.candidates.detector.LoGBlobDetector")
+        detector_kwargs = {} if detector is None else dataclasses.asdict(detector)
         self.bag_params = {"spacing": [float(s) for s in spacing], "hu_window": [float(h) for h in hu_window],
                            "k": int(k), "patch_size": int(patch_size)}
         if detector_kwargs != dataclasses.asdict(BagParams().make_detector()):

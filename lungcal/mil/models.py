@@ -41,27 +41,34 @@ __all__ = ["embed_dim_of", "GatedAttentionPool", "masked_softmax", "AttentionMIL
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax over ``dim`` restricted to ``mask``; masked entries are 0, all-masked rows are all 0."""
-    mask = mask.bool()
+    mask = mask.to(torch.bool)
     s = scores.masked_fill(~mask, float("-inf"))
     m = s.amax(dim=dim, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
     e = torch.exp(s - m) * mask
-    return e / e.sum(dim=dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    return e / e.sum(dim=dim, keepdim=True).clamp_min(_tiny(e.dtype))
 
 
-def _spatial_flips(bags: torch.Tensor):
-    """The 8 flips of the last three (spatial) axes of ``bags``, identity first."""
-    for f in range(8):
-        dims = [bags.dim() - 3 + d for d in range(3) if (f >> d) & 1]
-        yield bags.flip(dims) if dims else bags
+def _tiny(dtype: torch.dtype) -> float:
+    """The smallest normal number of ``dtype`` (``torch.finfo(dtype).tiny``, spelled out for TorchScript)."""
+    if dtype == torch.float64:
+        return 2.2250738585072014e-308
+    if dtype == torch.float16:
+        return 6.103515625e-05
+    return 1.1754943508222875e-38  # float32, and bfloat16's exponent range
 
 
-def _flip_averaged(fn, bags: torch.Tensor, mask: torch.Tensor):
-    """Mean of ``fn(flipped bags, mask)`` (a tensor or a tuple of tensors) over the 8 flips."""
-    outs = [fn(b, mask) for b in _spatial_flips(bags)]
-    if isinstance(outs[0], tuple):
-        return tuple(torch.stack(o).mean(0) for o in zip(*outs))
-    return torch.stack(outs).mean(0)
+#: test-time flips: the 8 flips of a patch's three spatial axes (``range(8)``), identity first
+N_FLIPS = 8
+
+
+def _flipped(bags: torch.Tensor, flip: int) -> torch.Tensor:
+    """``bags`` flipped along spatial axis ``d`` (of the last three) for each bit ``d`` set in ``flip``."""
+    dims: list[int] = []
+    for d in range(3):
+        if (flip >> d) & 1:
+            dims.append(bags.dim() - 3 + d)
+    return bags.flip(dims) if len(dims) > 0 else bags
 
 
 def embed_dim_of(encoder: nn.Module, embed_dim: int | None = None) -> int:
@@ -79,20 +86,27 @@ def embed_dim_of(encoder: nn.Module, embed_dim: int | None = None) -> int:
     return int(d)
 
 
-def _encode(encoder: nn.Module, bags: torch.Tensor, mask: torch.Tensor, d: int) -> torch.Tensor:
-    """Encode the valid instances of ``bags (B, K, C, ...)`` -> ``(B, K, d)`` (zeros where masked)."""
+def _valid_instances(bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(valid instances (M, C, ...), flat mask (B * K,))`` of ``bags (B, K, C, ...)`` and ``mask (B, K)``."""
     if bags.dim() < 3:
-        raise ValueError(f"bags must be (B, K, C, ...), got shape {tuple(bags.shape)}")
-    b, k = bags.shape[:2]
+        raise ValueError("bags must be (B, K, C, ...), got shape " + str(bags.shape))
+    b, k = bags.shape[0], bags.shape[1]
     if mask.shape != (b, k):
-        raise ValueError(f"mask must be (B, K) = {(b, k)}, got {tuple(mask.shape)}")
-    mask = mask.bool()
-    flat_mask = mask.reshape(-1)
-    valid = bags.reshape(b * k, *bags.shape[2:])[flat_mask]
-    h = bags.new_zeros(b * k, d)
-    if valid.shape[0] > 0:
-        h = h.index_put((flat_mask.nonzero(as_tuple=True)[0],), encoder(valid).to(h.dtype))
-    return h.reshape(b, k, d)
+        raise ValueError("mask must be (B, K) as the bags, got " + str(mask.shape))
+    flat_mask = mask.to(torch.bool).reshape(-1)
+    return bags.reshape([b * k] + list(bags.shape[2:]))[flat_mask], flat_mask
+
+
+class _BagEncoder(nn.Module):
+    """Shared by the MIL models: ``encode`` runs ``self.encoder`` (output ``self.embed_dim``) on valid instances."""
+
+    def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Instance embeddings ``(B, K, D)`` (zeros for masked slots, which the encoder never sees)."""
+        valid, flat_mask = _valid_instances(bags, mask)
+        h = bags.new_zeros(flat_mask.shape[0], self.embed_dim)
+        if valid.shape[0] > 0:
+            h = h.index_put([flat_mask.nonzero().squeeze(1)], self.encoder(valid).to(h.dtype))
+        return h.reshape(mask.shape[0], mask.shape[1], self.embed_dim)
 
 
 class GatedAttentionPool(nn.Module):
@@ -123,7 +137,7 @@ class GatedAttentionPool(nn.Module):
         return torch.einsum("bk,bkd->bd", att, h), att
 
 
-class AttentionMIL(nn.Module):
+class AttentionMIL(_BagEncoder):
     """Encoder -> gated attention pooling -> linear head with ``num_classes`` (2) logits.
 
     Args:
@@ -153,16 +167,13 @@ class AttentionMIL(nn.Module):
         self.head = head if head is not None else nn.Linear(d, num_classes)
         self.embed_dim = d
 
-    def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Instance embeddings ``(B, K, D)`` (zeros for masked slots)."""
-        return _encode(self.encoder, bags, mask, self.embed_dim)
-
     def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(pooled (B, D), attention (B, K))``; ``head(pooled)`` gives the logits.
 
         In eval mode with ``tta_flips`` both are means over the 8 flips of the patches."""
         if self.tta_flips and not self.training:
-            return _flip_averaged(self._pooled, bags, mask)
+            outs = [self._pooled(_flipped(bags, flip), mask) for flip in range(8)]
+            return (torch.stack([o[0] for o in outs]).mean(0), torch.stack([o[1] for o in outs]).mean(0))
         return self._pooled(bags, mask)
 
     def _pooled(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,6 +202,7 @@ class NoisyORHead(nn.Module):
         nn.init.constant_(self.instance.bias, float(torch.logit(torch.tensor(instance_prior))))
         self.leak_logit = nn.Parameter(torch.logit(torch.tensor(float(leak_init))))
 
+    @torch.jit.export
     def forward_with_probs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, valid = feats[..., :-1], feats[..., -1] > 0.5
         s = self.instance(h).squeeze(-1)  # instance logits (B, K)
@@ -209,7 +221,7 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
-class _InstanceHeadMIL(nn.Module):
+class _InstanceHeadMIL(_BagEncoder):
     """Shared body of the MIL models whose head sees every instance (noisy-OR, log-sum-exp).
 
     ``features(bags, mask)`` returns ``(B, K, D + 1)``: instance embeddings with the validity flag
@@ -225,13 +237,10 @@ class _InstanceHeadMIL(nn.Module):
         self.embed_dim = embed_dim_of(encoder, embed_dim)
         self.head = head
 
-    def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return _encode(self.encoder, bags, mask, self.embed_dim)
-
     def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Instance embeddings + validity flag ``(B, K, D + 1)`` (flip-averaged in eval mode with ``tta_flips``)."""
         if self.tta_flips and not self.training:
-            h = _flip_averaged(self.encode, bags, mask)
+            h = torch.stack([self.encode(_flipped(bags, flip), mask) for flip in range(8)]).mean(0)
         else:
             h = self.encode(bags, mask)
         return torch.cat([h, mask.to(h.dtype).unsqueeze(-1)], dim=-1)
@@ -279,6 +288,7 @@ class LogSumExpHead(nn.Module):
         self.leak = nn.Parameter(torch.tensor(-2.0))
         self.bias = nn.Parameter(torch.tensor(0.0))
 
+    @torch.jit.export
     def forward_with_probs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, valid = feats[..., :-1], feats[..., -1] > 0.5
         a = self.gate.scores(h)

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from monai.bundle import run
+from monai.bundle import ckpt_export, run
 
 from lungcal.data.synthetic import make_cohort
+from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.exit_hook import find_lungcal_error
 from lungcal.errors import ConfigError
 from lungcal.tracking import (
@@ -137,6 +138,21 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     ck = torch.load(ckdir / "best.pt", weights_only=True)
     assert ck["network_def"]["encoder"] == {"_target_": "lungcal.mil.SmallCNNEncoder", "embed_dim": 64}
     assert json.loads(ck["bag_params"])["patch_size"] == 8
+
+
+def test_ckpt_export_writes_the_trained_network_as_torchscript(tiny_cohort, store, tmp_path, monkeypatch):
+    run_bundle("nlst_focal", monkeypatch, **tiny(tiny_cohort, store, run_name="t-export"))
+    best = store / "checkpoints" / _stage1_run(store, "t-export").info.run_id / "best.pt"
+    ckpt_export(net_id="network_def", filepath=str(tmp_path / "model.ts"), ckpt_file=str(best),
+                key_in_ckpt="state_dict", config_file="bundles/nlst_focal.json", meta_file="bundles/metadata.json")
+    exported = torch.jit.load(str(tmp_path / "model.ts")).eval()
+    trained = load_stage1(str(best), default_tracking_uri(store)).network
+    torch.manual_seed(0)
+    bags, mask = torch.rand(3, 8, 1, 8, 8, 8), torch.rand(3, 8) > 0.4
+    mask[2] = False  # an empty bag too
+    with torch.no_grad():
+        for got, want in zip(exported(bags, mask), trained(bags, mask)):
+            assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_encoder_swap_by_config_trains_and_las_and_inference_rebuild_it(tiny_cohort, store, tmp_path, monkeypatch):

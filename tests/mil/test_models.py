@@ -227,3 +227,16 @@ def test_apply_head_keeps_the_pool_weights_of_an_attention_model():
         pooled, att = model.forward_features(bags, mask)
     logits, same = apply_head(model.head, pooled, att)
     assert same is att and torch.equal(logits, model(bags, mask)[0])
+
+
+@pytest.mark.parametrize("head", ["attention", "lse", "noisy_or"])
+def test_models_are_scriptable_and_the_script_computes_the_same(head):
+    """``python -m monai.bundle ckpt_export`` scripts ``network_def``: every MIL model must stay scriptable."""
+    torch.manual_seed(0)
+    model = build_mil_model(head=head, embed_dim=8, patch_size=P, tta_flips=True).eval()
+    scripted = torch.jit.script(model)
+    bags, mask = torch.rand(3, 4, 1, P, P, P), torch.rand(3, 4) > 0.3
+    mask[1] = False
+    with torch.no_grad():
+        for got, want in zip(scripted(bags, mask), model(bags, mask)):
+            assert torch.equal(got, want)
