@@ -14,8 +14,9 @@ The steps, vectorised with ``scipy.ndimage`` on a copy sub-sampled to about ``ma
 2. **Air inside the body.** Voxels below ``threshold`` HU inside the filled body: lungs, airways,
    bowel gas. Air outside the body is dropped even where it touches nothing. When the body touches
    the in-plane edge of the image (a field of view that cuts the patient), the lungs cut by it are
-   not holes of the body; the air components that lie mostly inside the body's per-slice convex
-   hull are taken back (the air outside the patient lies outside that hull).
+   not holes of the body; the air components that lie mostly between body pixels of the same row
+   or column (:func:`span_hull`, in the slices where the body reaches the edge) are taken back:
+   the air outside the patient lies outside those spans.
 3. **Airways out.** The air is eroded by ``airway_cut_mm`` (which cuts the bronchi joining the
    trachea to the lungs), the largest component and the second largest (when at least
    ``second_ratio`` of it) are kept as the lungs, then grown back inside the air by the same
@@ -38,10 +39,9 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 from scipy import ndimage as ndi
-from skimage.morphology import convex_hull_image
 
 __all__ = ["Masker", "LungMasker", "ball", "fill_holes_2d", "largest_component", "coarse_view", "upsample_nearest",
-           "mask_like", "run_masker"]
+           "mask_like", "run_masker", "span_hull"]
 
 #: what a masker is: ``masker(hu, spacing) -> bool mask of hu.shape``
 Masker = Callable[[np.ndarray, Sequence[float]], np.ndarray]
@@ -87,15 +87,15 @@ def coarse_view(hu: np.ndarray, spacing: Sequence[float], voxel_mm: float) -> tu
 
 
 def upsample_nearest(mask: np.ndarray, step: Sequence[int], shape: Sequence[int]) -> np.ndarray:
-    """Undo :func:`coarse_view` for a mask: repeat each voxel ``step`` times, crop/pad to ``shape``."""
-    full = mask
-    for ax in range(3):
-        if step[ax] > 1:
-            full = np.repeat(full, step[ax], axis=ax)
-    pad = [(0, max(n - f, 0)) for n, f in zip(shape, full.shape)]
+    """Undo :func:`coarse_view` for a mask: repeat each voxel ``step`` times (one broadcast copy),
+    crop/pad to ``shape``."""
+    n, st = mask.shape, [int(v) for v in step]
+    big = np.broadcast_to(mask[:, None, :, None, :, None], (n[0], st[0], n[1], st[1], n[2], st[2]))
+    full = big.reshape(n[0] * st[0], n[1] * st[1], n[2] * st[2])
+    pad = [(0, max(t - f, 0)) for t, f in zip(shape, full.shape)]
     if any(p[1] for p in pad):
         full = np.pad(full, pad, mode="edge")
-    return full[: shape[0], : shape[1], : shape[2]]
+    return np.ascontiguousarray(full[: shape[0], : shape[1], : shape[2]])
 
 
 def mask_like(mask: np.ndarray, img) -> torch.Tensor:
@@ -123,13 +123,16 @@ def _closing_2d(mask: np.ndarray, radius_mm: float, spacing: np.ndarray) -> np.n
     return ndi.distance_transform_edt(grown, sampling=samp) > radius_mm
 
 
-def _hull_per_slice(mask: np.ndarray, slices: np.ndarray) -> np.ndarray:
-    """The 2D convex hull of ``mask`` in the axial slices ``slices`` (elsewhere: empty)."""
-    out = np.zeros_like(mask)
-    for k in slices:
-        if mask[:, :, k].any():
-            out[:, :, k] = convex_hull_image(mask[:, :, k])
-    return out
+def span_hull(mask: np.ndarray) -> np.ndarray:
+    """Per axial slice, the pixels between two ``mask`` pixels of the same row or of the same column
+    (the union of the row spans and the column spans): a vectorised stand-in for the slice's convex
+    hull that holds everything the hull of a body cut by the image edge encloses along the edge."""
+    def between(axis: int) -> np.ndarray:
+        after = np.logical_or.accumulate(mask, axis=axis)
+        before = np.flip(np.logical_or.accumulate(np.flip(mask, axis=axis), axis=axis), axis=axis)
+        return after & before
+
+    return between(0) | between(1)
 
 
 @dataclass
@@ -195,12 +198,13 @@ class LungMasker:
 
     @staticmethod
     def _cut_by_fov(outside_air: np.ndarray, body: np.ndarray, slices: np.ndarray) -> np.ndarray:
-        """The components of the air outside the filled body that lie mostly inside the body's
-        convex hull, computed in the slices where the body touches the image edge."""
+        """The components of the air outside the filled body that lie mostly within the body's
+        spans (:func:`span_hull`) in the slices where the body touches the image edge."""
         labels, n = ndi.label(outside_air)
         if n == 0:
             return np.zeros_like(outside_air)
-        hull = _hull_per_slice(body, slices)
+        hull = np.zeros_like(body)
+        hull[:, :, slices] = span_hull(body[:, :, slices])
         total = np.bincount(labels.ravel(), minlength=n + 1)
         within = np.bincount(labels[hull], minlength=n + 1)
         keep = np.flatnonzero(within >= 0.5 * np.maximum(total, 1))
