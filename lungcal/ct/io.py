@@ -35,6 +35,10 @@ How a DICOM folder is read (real exports are messy):
 5. pixel data is decoded per slice and rescaled with that slice's ``RescaleSlope`` /
    ``RescaleIntercept``. A truncated or corrupt file is a ``DataError`` naming the file.
 
+(This module is longer than the house's ~400 lines on purpose: both readers share the RAS
+flip-while-copying and meta helpers, and the DICOM folder rules above are one contract best read
+in one place.)
+
 The loaded MetaTensor carries ``meta["series_info"]``: what the series checks
 (:mod:`lungcal.ct.qc`) read from the header and the slice positions (modality, image type, slice
 thickness, slice steps, gaps, duplicates, resampling; for NIfTI/MHD/NRRD only the format). It
