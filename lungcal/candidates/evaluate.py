@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from lungcal.candidates.cache import BagParams, _default_preprocess
+from lungcal.candidates.cache import BagParams
 from lungcal.candidates.froc import LUNA16_FP_RATES, cpm, froc_curve
+from lungcal.ct.transforms import preprocess_ct
 from lungcal.errors import DataError
 
 __all__ = ["read_annotations", "evaluate_detector"]
@@ -59,7 +60,7 @@ def evaluate_detector(rows: Sequence[Mapping[str, Any]], annotations: Mapping[st
     t_pre = t_det = 0.0
     for r in tqdm(rows, desc="detect", unit="CT", disable=not progress):
         t0 = time.perf_counter()
-        out = _default_preprocess(r["image"], **params.preprocess_kwargs())
+        out = preprocess_ct(r["image"], **params.preprocess_kwargs())
         t1 = time.perf_counter()
         image = out["image"]
         affine = np.asarray(image.affine, np.float64)
