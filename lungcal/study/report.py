@@ -65,7 +65,7 @@ STAGE1_LABEL = {"ce": "CE", "focal": "Focal", "focal_adaptive": "Focal (adaptive
 STAGE2_LABEL = {"none": "none", "ts": "TS", "las": "LAS"}
 METRICS = ("acc", "auc", "ece")
 PERCENT_METRICS = ("acc", "ece")  # shown ×100
-PUBLISHED_DATASETS = ("cifar10", "cifar10lt")
+PUBLISHED_DATASETS = ("cifar10", "cifar10lt", "nlst", "ucd")
 
 
 def normalise_stage2(value: str | None) -> str:

@@ -62,7 +62,15 @@ def test_published_numbers_shipped():
     assert pub["cifar10"][("ce", "none", "ece")] == pytest.approx(3.60)
     assert pub["cifar10"][("focal_mixup", "none", "ece")] == pytest.approx(27.92)
     assert pub["cifar10lt"][("mixup", "las", "acc")] == pytest.approx(81.54)
-    assert ("focal", "none", "acc") not in pub["cifar10"]  # not published: stays empty
+    assert ("focal_mixup", "none", "acc") not in pub["cifar10"]  # not published: stays empty
+    # every number the study's text quotes is shipped
+    assert pub["cifar10"][("focal", "none", "acc")] == pytest.approx(92.95)
+    assert pub["cifar10"][("mixup", "none", "acc")] == pytest.approx(93.83)
+    assert pub["cifar10lt"][("focal", "none", "ece")] == pytest.approx(12.22)
+    assert pub["cifar10lt"][("mixup", "las", "ece")] == pytest.approx(5.18)
+    assert pub["nlst"][("focal", "none", "ece")] == pytest.approx(16.16)
+    assert pub["nlst"][("focal", "ts", "ece")] == pytest.approx(1.54)
+    assert pub["ucd"][("ce", "las", "ece")] == pytest.approx(31.03)
 
 
 def test_best_calibrated_needs_separated_cis():
@@ -125,7 +133,9 @@ def test_cifar_report_shows_published_side_by_side(store, tmp_path):
     assert "93.32" in ce and "3.60" in ce
     focal = next(line for line in md.splitlines() if line.startswith("| Focal |")).split("|")
     cols = [c.strip() for c in header.split("|")]
-    assert focal[cols.index("none: ACC % (published)")].strip() == ""  # unknown: empty
+    assert focal[cols.index("none: ACC % (published)")].strip() == "92.95"
+    fmix = next(line for line in md.splitlines() if line.startswith("| Focal+Mixup |")).split("|")
+    assert fmix[cols.index("none: ACC % (published)")].strip() == ""  # not published: empty
     assert focal[cols.index("none: ECE % (published)")].strip() == "1.22"
     assert "**" not in ce and "No configuration is marked best calibrated" in md
     # published-only rows (mixup, focal_mixup) appear with empty measured cells
