@@ -7,6 +7,13 @@ of the trained network, applied to the test logits and logged as a child run of 
 test report, plots, predictions and the calibrator's JSON state. Temperature scaling also logs the
 ``temperature`` metric, which inference and ``lungcal recalibrate`` read back
 (:func:`lungcal.tracking.linked_temperature`).
+
+The prevalence the calibrated probabilities are calibrated to (that of the split the calibrator
+was fitted on) is logged as the metric ``source_prior`` of each post-hoc run, and the stage-1 run
+gets ``val/prevalence`` (and ``train/prevalence`` when the caller passes the training labels):
+``lungcal recalibrate --prevalence`` adjusts the shipped probabilities *from* it. A fit that is
+"no signal" (:func:`lungcal.calibration.scaling.fit_warnings`: a parameter on its bound, a fit
+that did not converge, a validation AUC at chance) gets the tag ``lungcal.fit_warning``.
 """
 from __future__ import annotations
 
@@ -18,27 +25,43 @@ from typing import Any
 import numpy as np
 import torch
 
-from lungcal.calibration.scaling import make_calibrator
+from lungcal.calibration.scaling import fit_warnings, make_calibrator
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.paths import atomic_write_text
-from lungcal.tracking import CT_EXPERIMENT, TAG_CALIBRATOR, RunTracker
+from lungcal.tracking import CT_EXPERIMENT, TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, add_run_metrics
 
-__all__ = ["PostHocResult", "run_post_hoc"]
+__all__ = ["PostHocResult", "run_post_hoc", "prevalence", "no_signal"]
+
+
+def prevalence(labels) -> float:
+    """The fraction of positive (class 1) cases."""
+    return float(np.mean(np.asarray(labels) == 1))
+
+
+def no_signal(warnings: Sequence[str]) -> list[str]:
+    """The warnings of :func:`fit_warnings` that make a fit "no signal" (all but the few-events one)."""
+    return [w for w in warnings if "CIs are wide" not in w]
 
 
 class PostHocResult(dict):
-    """``{"name", "run_id", "test" (report), "temperature" (ts only)}``."""
+    """``{"name", "run_id", "test" (report), "temperature" (ts only), "warnings"}``."""
 
 
 def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tags: Callable[[str], Mapping[str, str]],
                  params: Mapping[str, Any], val_logits: torch.Tensor, val_labels: torch.Tensor,
                  test_logits: torch.Tensor, test: Mapping[str, Any], test_attention: torch.Tensor, n_bins: int,
                  n_bootstrap: int, seed: int, tracking_uri: str, workdir: Path, title: str,
-                 experiment: str = CT_EXPERIMENT) -> list[PostHocResult]:
+                 experiment: str = CT_EXPERIMENT, train_labels=None) -> list[PostHocResult]:
     """Fit each calibrator of ``names`` on validation, evaluate on test, log a linked run per calibrator."""
     results = []
+    source_prior = prevalence(val_labels)
+    priors = {"val/prevalence": source_prior}
+    if train_labels is not None:
+        priors["train/prevalence"] = prevalence(train_labels)
+    add_run_metrics(tracking_uri, stage1_run_id, priors)
     for name in names:
         calibrator = make_calibrator(name).fit(val_logits, val_labels)
+        warnings = no_signal(fit_warnings(calibrator, val_logits, val_labels))
         temperature = float(calibrator.temperature) if name == "ts" else None
         if temperature is not None:  # softmax(z / T) in float64, as the reference temperature is applied later
             probs = probabilities(test_logits, temperature)
@@ -48,7 +71,11 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
         with RunTracker(experiment, f"{run_name}+{name}", tracking_uri=tracking_uri,
                         tags={**tags(name), TAG_CALIBRATOR: name}, parent_run_id=stage1_run_id) as tracker:
             tracker.log_params({**params, "stage2": name, "fit_split": "val"})
-            info = {"calibrator": name, "fit_split": "val", "stage1_run": stage1_run_id}
+            tracker.log_metrics({"source_prior": source_prior})
+            if warnings:
+                tracker.set_tags({TAG_FIT_WARNING: "; ".join(warnings)})
+            info = {"calibrator": name, "fit_split": "val", "stage1_run": stage1_run_id, "source_prior": source_prior,
+                    "warnings": warnings}
             if temperature is not None:
                 tracker.log_metrics({"temperature": temperature})
                 info["temperature"] = temperature
@@ -62,5 +89,6 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
                 ts_path = atomic_write_text(workdir / "temperature.json",
                                             json.dumps({"temperature": temperature, "stage1_run": stage1_run_id}))
                 tracker.log_artifact(ts_path, "calibrator")
-            results.append(PostHocResult(name=name, run_id=tracker.run_id, test=report, temperature=temperature))
+            results.append(PostHocResult(name=name, run_id=tracker.run_id, test=report, temperature=temperature,
+                                         warnings=warnings))
     return results

@@ -5,14 +5,27 @@ these helpers follow that link through :class:`mlflow.tracking.MlflowClient`.
 """
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError
-from lungcal.tracking.names import CT_EXPERIMENT, TAG_PARENT, TAG_RECALIBRATION, TAG_SITE, TAG_STAGE2
+from lungcal.tracking.names import (
+    CT_EXPERIMENT,
+    TAG_CALIBRATOR,
+    TAG_PARENT,
+    TAG_RECALIBRATION,
+    TAG_SITE,
+    TAG_STAGE2,
+)
 
-__all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature"]
+__all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature", "linked_calibrator_run",
+           "linked_calibrator", "add_run_metrics"]
 
 
 def find_stage1_run(tracking_uri: str, run_id: str | None = None, experiment: str = CT_EXPERIMENT):
@@ -77,3 +90,52 @@ def linked_temperature(tracking_uri: str, run, site: str | None = None) -> float
         if match and "temperature" in r.data.metrics:
             return float(r.data.metrics["temperature"])
     return None
+
+
+def _site_match(r, site: str | None) -> bool:
+    local = r.data.tags.get(TAG_RECALIBRATION) == "local"
+    return (not local) if site is None else (local and r.data.tags.get(TAG_SITE) == site)
+
+
+def linked_calibrator_run(tracking_uri: str, run, site: str | None = None, prefer: str = "ts"):
+    """The newest finished run linked to ``run`` that stored a calibrator (tag ``lungcal.calibrator``), or ``None``.
+
+    ``site=None``: a *reference* calibrator, fitted by the stage-1 bundle's post-hoc step on its
+    own validation split; of several, the newest ``prefer`` one (``ts`` by default), else the
+    newest. ``site="name"``: the one ``lungcal recalibrate`` fitted at that site (``lungcal.site``
+    = name and ``lungcal.recalibration = local``), whatever its kind.
+    """
+    runs = [r for r in linked_runs(tracking_uri, run) if r.data.tags.get(TAG_CALIBRATOR) and _site_match(r, site)]
+    if site is None:
+        runs = sorted(runs, key=lambda r: r.data.tags[TAG_CALIBRATOR] != prefer)  # stable: newest first kept
+    return runs[0] if runs else None
+
+
+def linked_calibrator(tracking_uri: str, run, site: str | None = None,
+                      load: Callable[[str], Any] | None = None) -> tuple[str, Any] | None:
+    """``(name, calibrator)`` stored by :func:`linked_calibrator_run`'s run, or ``None``.
+
+    The run's artifact ``calibrator/<name>.json`` is downloaded and turned into the calibrator by
+    ``load(text)``. ``lungcal.tracking`` may not import ``lungcal.calibration`` (independent
+    layers), so the engine passes its loader (:func:`lungcal.engine.site_calibrator.load_calibrator`);
+    without one the parsed JSON state is returned.
+    """
+    found = linked_calibrator_run(tracking_uri, run, site=site)
+    if found is None:
+        return None
+    name = found.data.tags[TAG_CALIBRATOR]
+    try:
+        path = MlflowClient(tracking_uri).download_artifacts(found.info.run_id, f"calibrator/{name}.json")
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"run {found.info.run_id} is tagged {TAG_CALIBRATOR}={name} but has no "
+                          f"calibrator/{name}.json artifact", field="site" if site else "stage1_run_id",
+                          fix="refit it (rerun `lungcal recalibrate` or the stage-1 bundle)") from exc
+    text = Path(path).read_text()
+    return name, (load(text) if load is not None else json.loads(text))
+
+
+def add_run_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float]) -> None:
+    """Log metrics on an existing (possibly finished) run, e.g. a stage-1 run's ``val/prevalence``
+    logged by its post-hoc step."""
+    ts = int(time.time() * 1000)
+    MlflowClient(tracking_uri).log_batch(run_id, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])

@@ -14,6 +14,7 @@ __all__ = [
     "TAG_PARENT",
     "TAG_RECALIBRATION",
     "TAG_CALIBRATOR",
+    "TAG_FIT_WARNING",
     "TAG_REPORT",
     "TAG_STUDY_KEY",
     "TAG_STUDY_PRESET",
@@ -39,6 +40,9 @@ TAG_PARENT = "lungcal.parent_run"
 TAG_RECALIBRATION = "lungcal.recalibration"
 #: the name of the calibrator a post-hoc run fitted (``ts``, ``platt``, ...).
 TAG_CALIBRATOR = "lungcal.calibrator"
+#: on a post-hoc / recalibration run whose fit is "no signal" (a parameter on its bound, a fit
+#: that did not converge, a validation AUC at chance): the reasons, "; "-joined.
+TAG_FIT_WARNING = "lungcal.fit_warning"
 #: on the run that holds a study report's files.
 TAG_REPORT = "lungcal.report"
 #: a study job's identity and preset (see :mod:`lungcal.study.runner`).
