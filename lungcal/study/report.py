@@ -35,6 +35,7 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.paths import default_output_dir
+from lungcal.study.differences import collect_claims, render_claims
 from lungcal.tracking.liveness import reap_orphaned_runs
 from lungcal.tracking.names import TAG_DATASET, TAG_REPORT, TAG_STAGE1, TAG_STAGE2
 from lungcal.tracking.tracker import check_tracking_uri, default_tracking_uri
@@ -446,7 +447,8 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
         published_path: override the shipped published-results CSV.
 
     Returns:
-        ``{"markdown": Path, "csv": Path, "html": Path, "run_id": str | None, "tables": [...]}``.
+        ``{"markdown": Path, "csv": Path, "html": Path, "run_id": str | None, "tables": [...],
+        "claims": [...]}`` (the study's claims as paired differences, :mod:`lungcal.study.differences`).
     """
     tracking_uri = tracking_uri or default_tracking_uri()
     tables = collect_tables(experiment, tracking_uri=tracking_uri, split=split,
@@ -460,8 +462,9 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
             png = reliability_png(client, cell.run_id, split)
             if png:
                 diagrams[cell.run_id] = png
+    claims = collect_claims(client, _experiment_id(client, experiment), split)
     md = out / "report.md"
-    md.write_text(render_markdown(tables, experiment, split))
+    md.write_text(render_markdown(tables, experiment, split) + "\n".join(["", *render_claims(claims)]))
     csv_path = write_csv(tables, out / "report.csv")
     html_path = out / "report.html"
     html_path.write_text(render_html(tables, experiment, split, diagrams))
@@ -479,4 +482,5 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
             client.set_terminated(run_id, "FAILED")
             raise
         client.set_terminated(run_id, "FINISHED")
-    return {"markdown": md, "csv": csv_path, "html": html_path, "run_id": run_id, "tables": tables}
+    return {"markdown": md, "csv": csv_path, "html": html_path, "run_id": run_id, "tables": tables,
+            "claims": claims}

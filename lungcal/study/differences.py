@@ -1,0 +1,177 @@
+"""Paired differences that carry the study's claims, from the runs' logged test predictions.
+
+Overlapping CIs of two configurations say little: both are scored on the *same* test cases, so
+the honest comparison is the paired bootstrap of the difference
+(:func:`lungcal.calibration.metrics.paired_bootstrap_diff`). The claims, per dataset:
+
+- ΔECE(TS − none) for each stage-1 method ("TS always helps": negative);
+- ΔECE(LAS − none) for each stage-1 method with a LAS run ("LAS hurts CT": positive);
+- ΔAUC(Focal − CE) ("focal gives slightly better discrimination");
+- mean confidence − accuracy of Focal+Mixup ("under-confident": negative).
+
+Runs are paired by seed (the ``seed`` param); each claim is reported per seed with its 95% CI and
+as a mean over seeds. Predictions come from the artifacts every run logs:
+``predictions/{split}.npz`` (CIFAR: ``probs``, ``labels``) or
+``predictions/{split}_predictions.csv`` (CT: ``subject, label, probability``, aligned by subject).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mlflow.tracking import MlflowClient
+
+from lungcal.calibration.metrics import accuracy, paired_bootstrap_diff
+from lungcal.tracking.names import TAG_DATASET, TAG_STAGE1, TAG_STAGE2
+
+__all__ = ["Claim", "load_predictions", "confidence_gap", "collect_claims", "render_claims"]
+
+#: ECE bins of the study per dataset family (15 on CIFAR, 10 on CT)
+_CIFAR = ("cifar10", "cifar10lt")
+
+
+@dataclass
+class Claim:
+    """One claim on one dataset: per-seed paired differences and their mean."""
+
+    dataset: str
+    name: str
+    metric: str
+    per_seed: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        vals = [d["diff"] for d in self.per_seed.values() if math.isfinite(d["diff"])]
+        return float(np.mean(vals)) if vals else float("nan")
+
+
+def load_predictions(client: MlflowClient, run_id: str, split: str = "test") -> tuple[list[str], np.ndarray,
+                                                                                      np.ndarray] | None:
+    """``(case ids, probs (N, C) or (N,), labels)`` from a run's logged predictions, or ``None``."""
+    for name in (f"predictions/{split}.npz", f"predictions/{split}_predictions.csv"):
+        try:
+            local = Path(client.download_artifacts(run_id, name))
+        except Exception:  # noqa: BLE001 - the run did not log this format
+            continue
+        if local.suffix == ".npz":
+            with np.load(local, allow_pickle=False) as z:
+                probs, labels = np.asarray(z["probs"], np.float64), np.asarray(z["labels"], np.int64)
+            return [str(i) for i in range(len(labels))], probs, labels
+        with local.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        return ([r["subject"] for r in rows], np.array([float(r["probability"]) for r in rows]),
+                np.array([int(r["label"]) for r in rows]))
+    return None
+
+
+def confidence_gap(probs, labels) -> float:
+    """Mean top-label confidence minus accuracy (negative: under-confident)."""
+    p = np.asarray(probs, np.float64)
+    p2 = np.stack([1 - p, p], 1) if p.ndim == 1 else p
+    return float(p2.max(1).mean() - accuracy(p2, labels))
+
+
+def _align(a, b):
+    """Restrict two ``(ids, probs, labels)`` to their common cases, in one order."""
+    ids_b = {k: i for i, k in enumerate(b[0])}
+    common = [(i, ids_b[k]) for i, k in enumerate(a[0]) if k in ids_b]
+    ia, ib = (np.array(x, dtype=np.int64) for x in zip(*common)) if common else (np.empty(0, np.int64),) * 2
+    return a[1][ia], b[1][ib], a[2][ia]
+
+
+def _runs_by_config(client: MlflowClient, exp_id: str, split: str) -> dict[tuple[str, str, str, str], str]:
+    """``{(dataset, stage1, stage2, seed): latest finished run id}``."""
+    out: dict[tuple[str, str, str, str], str] = {}
+    token = None
+    while True:
+        page = client.search_runs([exp_id], filter_string="attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=1000, page_token=token)
+        for run in page:
+            tags = run.data.tags
+            if TAG_STAGE1 not in tags or f"{split}/ece" not in run.data.metrics:
+                continue
+            s2 = (tags.get(TAG_STAGE2) or "none").strip().lower()
+            key = (tags.get(TAG_DATASET, ""), tags[TAG_STAGE1].strip().lower(), s2, run.data.params.get("seed", "0"))
+            out.setdefault(key, run.info.run_id)
+        token = page.token
+        if not token:
+            return out
+
+
+def collect_claims(client: MlflowClient, exp_id: str, split: str = "test", n_bootstrap: int = 1000,
+                   seed: int = 0) -> list[Claim]:
+    """Every claim the finished runs of ``exp_id`` can support, with paired CIs per seed."""
+    runs = _runs_by_config(client, exp_id, split)
+    cache: dict[str, tuple | None] = {}
+
+    def preds(run_id):
+        if run_id not in cache:
+            cache[run_id] = load_predictions(client, run_id, split)
+        return cache[run_id]
+
+    claims: dict[tuple[str, str], Claim] = {}
+
+    def add(dataset, name, metric, s, a_id, b_id, fn=None):
+        a, b = preds(a_id), preds(b_id) if b_id else None
+        if a is None or (b_id and b is None):
+            return
+        bins = 15 if dataset in _CIFAR else 10
+        if fn is not None:  # a one-model statistic (its difference from 0)
+            pa, y = a[1], a[2]
+            res = {"diff": fn(pa, y), **_one_sample_ci(fn, pa, y, n_bootstrap, seed)}
+        else:
+            pa, pb, y = _align(a, b)
+            if len(y) == 0:
+                return
+            res = paired_bootstrap_diff(metric, pa, pb, y, n_bootstrap=n_bootstrap, seed=seed, n_bins=bins)
+        claims.setdefault((dataset, name), Claim(dataset, name, metric)).per_seed[s] = res
+
+    for (ds, s1, s2, s), run_id in sorted(runs.items()):
+        if s2 in ("ts", "las") and (ds, s1, "none", s) in runs:
+            add(ds, f"ΔECE({s1}+{s2.upper()} − {s1})", "ece", s, run_id, runs[(ds, s1, "none", s)])
+        if (s1, s2) == ("focal", "none") and (ds, "ce", "none", s) in runs:
+            add(ds, "ΔAUC(focal − ce)", "auc", s, run_id, runs[(ds, "ce", "none", s)])
+        if (s1, s2) == ("focal_mixup", "none"):
+            add(ds, "confidence − accuracy (focal_mixup)", "gap", s, run_id, None, fn=confidence_gap)
+    return sorted(claims.values(), key=lambda c: (c.dataset, c.name))
+
+
+def _one_sample_ci(fn, probs, labels, n_bootstrap: int, seed: int) -> dict:
+    """Percentile CI of a one-model statistic over resampled cases."""
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    reps = np.array([fn(probs[i], labels[i]) for i in (rng.integers(0, n, n) for _ in range(int(n_bootstrap)))])
+    reps = reps[np.isfinite(reps)]
+    if not reps.size:
+        return {"ci_low": float("nan"), "ci_high": float("nan"), "significant": False}
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return {"ci_low": float(lo), "ci_high": float(hi), "significant": bool(lo > 0 or hi < 0),
+            "n_bootstrap": int(reps.size)}
+
+
+def _fmt(d: Mapping, percent: bool) -> str:
+    k = 100.0 if percent else 1.0
+    text = f"{k * d['diff']:+.2f} [{k * d['ci_low']:+.2f}, {k * d['ci_high']:+.2f}]" if percent else \
+        f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    return text + ("" if d.get("significant") else " (not significant)")
+
+
+def render_claims(claims: Iterable[Claim]) -> list[str]:
+    """Markdown lines: one table of paired differences per dataset (ECE and gaps in points of %)."""
+    claims = list(claims)
+    if not claims:
+        return []
+    lines = ["## Paired differences (same test cases, 95% paired-bootstrap CIs)", "",
+             "ECE and confidence gaps in percentage points, AUC as a fraction. A CI that spans 0 is "
+             "marked *not significant*.", "", "| dataset | claim | seeds | mean over seeds | per seed |",
+             "|---|---|---|---|---|"]
+    for c in claims:
+        percent = c.metric != "auc"
+        per = "; ".join(f"seed {s}: {_fmt(d, percent)}" for s, d in sorted(c.per_seed.items()))
+        mean = f"{(100 if percent else 1) * c.mean:+.{2 if percent else 3}f}"
+        lines.append(f"| {c.dataset} | {c.name} | {len(c.per_seed)} | {mean} | {per} |")
+    return lines + [""]
