@@ -27,7 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="reduced: CPU-friendly schedule (default); full: the study's schedule")
     p.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="extra bundle override, repeatable (e.g. -o epochs=3)")
-    p.add_argument("--datalist", default=None, help="datalist JSON for the CT bundles (default: synthetic cohort)")
+    p.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help="run every configuration once per seed (default: the bundles' own seed)")
+    p.add_argument("--datalist", default=None,
+                   help="datalist JSON for the CT bundles (default: the synthetic demo cohort; with --preset full "
+                        "the NLST-like study cohort, generated once)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
     p.add_argument("--bundle-dir", default=None, help="folder with the bundle JSONs (default: ./bundles)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (run / skip) and exit")
@@ -63,7 +67,8 @@ def _study(args: argparse.Namespace) -> int:
 
     plan = plan_study(args.datasets, stage1=args.stage1, stage2=args.stage2, preset=args.preset,
                       overrides=_parse_overrides(args.override), datalist=args.datalist,
-                      tracking_uri=args.tracking_uri, bundle_dir=args.bundle_dir, force=args.force)
+                      tracking_uri=args.tracking_uri, bundle_dir=args.bundle_dir, force=args.force,
+                      seeds=args.seeds)
     if args.in_process:
         plan.runner = inprocess_runner
     print_plan(plan)

@@ -33,6 +33,7 @@ from mlflow.tracking import MlflowClient
 from monai.bundle import run as monai_bundle_run
 from tqdm.auto import tqdm
 
+from lungcal.data.synthetic import cohort_datalist_path, ensure_cohort
 from lungcal.errors import ConfigError
 from lungcal.paths import default_output_dir
 from lungcal.study.report import normalise_stage2
@@ -74,6 +75,9 @@ class DatasetSpec:
         las_presets: the same for the LAS bundle (the LAS job gets only these, the datalist and
             the stage-1 run; ``--override`` values go to the stage-1 bundles).
         accepts_datalist: whether ``--datalist`` is passed to its bundles.
+        cohort_presets: ``{study preset: synthetic cohort preset}`` used when no ``--datalist`` is
+            given (:data:`lungcal.data.synthetic.COHORT_PRESETS`): the ``full`` CT study runs on the
+            NLST-like cohort (prevalence 0.11, 1000/1000/1500 CTs), not on the headline demo.
     """
 
     name: str
@@ -83,6 +87,7 @@ class DatasetSpec:
     presets: Mapping[str, Mapping[str, object]]
     las_presets: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"reduced": {}, "full": {}})
     accepts_datalist: bool = False
+    cohort_presets: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def experiment(self) -> str:
@@ -96,7 +101,8 @@ DATASETS: dict[str, DatasetSpec] = {
     "nlst": DatasetSpec(
         "nlst", "nlst_{stage1}.json", "nlst_las.json", "stage1_run_id",
         presets={"reduced": {"epochs": 6}, "full": {}},
-        las_presets={"reduced": {"epochs": 15}, "full": {}}, accepts_datalist=True),
+        las_presets={"reduced": {"epochs": 15}, "full": {}}, accepts_datalist=True,
+        cohort_presets={"full": "study"}),
     "cifar10": DatasetSpec(
         "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "stage1_run_id",
         presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
@@ -123,10 +129,13 @@ class Job:
     produces: list[str]
     missing: list[str]
     preset: str
+    seed: int | None = None
+    cohort: str | None = None  # synthetic cohort preset to generate before the job runs
 
     @property
     def label(self) -> str:
-        return f"{self.dataset}/{self.stage1}/{'+'.join(self.produces)}"
+        seed = "" if self.seed is None else f"/seed{self.seed}"
+        return f"{self.dataset}/{self.stage1}/{'+'.join(self.produces)}{seed}"
 
     @property
     def skip(self) -> bool:
@@ -174,7 +183,8 @@ def _stage2_of(run) -> str:
 def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, stage2: Sequence[str] | None = None,
                preset: str = "reduced", overrides: Mapping[str, object] | None = None, datalist: str | None = None,
                tracking_uri: str | None = None, bundle_dir: str | Path | None = None,
-               output_dir: str | Path | None = None, force: bool = False) -> StudyPlan:
+               output_dir: str | Path | None = None, force: bool = False,
+               seeds: Sequence[int] | None = None) -> StudyPlan:
     """Plan the grid and mark what MLflow already holds.
 
     Args:
@@ -188,6 +198,9 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
         bundle_dir: folder of the bundle JSONs (default ``./bundles``).
         output_dir: where job logs go (default: the project's output folder).
         force: plan every job even when its runs exist.
+        seeds: run every configuration once per seed (the bundles' ``seed``; default: the bundles'
+            own seed). Each seed is its own configuration (study key) and its LAS job starts from
+            the stage-1 run of the same seed.
 
     Raises:
         ConfigError: unknown dataset/method/preset, or a bundle file missing.
@@ -211,37 +224,44 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
     fresh = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists()
     client = None if fresh else MlflowClient(tracking_uri=uri)
     jobs: list[Job] = []
-    for ds in datasets:
+    seed_list: list[int | None] = [int(x) for x in seeds] if seeds else [None]
+    for ds, s1, seed in ((d, m, x) for d in datasets for m in stage1 for x in seed_list):
         spec = DATASETS[ds]
-        for s1 in stage1:
-            ov: dict[str, object] = dict(spec.presets[preset])
-            if datalist and spec.accepts_datalist:
-                ov["datalist"] = str(Path(datalist).resolve())
-            ov.update(overrides or {})
-            key = study_key(ds, s1, ov, preset)
-            done = set() if force or client is None else {
-                _stage2_of(r) for r in _finished_runs(client, spec.experiment, key)}
-            s1_bundle = bdir / spec.stage1_bundle.format(stage1=s1)
-            if not s1_bundle.is_file():
-                raise ConfigError("bundle not found", file=s1_bundle, field="--stage1",
-                                  fix=f"check the method name ({', '.join(STAGE1_METHODS)}) or --bundle-dir")
-            s1_products = [m for m in ("none", "ts") if m in stage2]
-            # LAS needs the stage-1 run, so a LAS-only request still plans stage 1 if absent
-            needs_s1 = bool(s1_products) or ("las" in stage2 and "none" not in done)
-            if needs_s1:
-                produces = s1_products or ["none"]
-                jobs.append(Job(ds, s1, "stage1", s1_bundle, ov, key, produces,
-                                [m for m in produces if m not in done], preset))
-            if "las" in stage2:
-                las_bundle = bdir / spec.las_bundle
-                if not las_bundle.is_file():
-                    raise ConfigError("LAS bundle not found", file=las_bundle, field="--stage2",
-                                      fix="drop 'las' from --stage2 or add the bundle")
-                las_ov: dict[str, object] = dict(spec.las_presets[preset])
-                if "datalist" in ov:
-                    las_ov["datalist"] = ov["datalist"]
-                jobs.append(Job(ds, s1, "las", las_bundle, las_ov, key, ["las"],
-                                [] if "las" in done else ["las"], preset))
+        ov: dict[str, object] = dict(spec.presets[preset])
+        cohort = None
+        if datalist and spec.accepts_datalist:
+            ov["datalist"] = str(Path(datalist).resolve())
+        elif preset in spec.cohort_presets:
+            cohort = spec.cohort_presets[preset]
+            ov["datalist"] = str(cohort_datalist_path(cohort, out / "data"))
+        if seed is not None:
+            ov["seed"] = seed
+        ov.update(overrides or {})
+        key = study_key(ds, s1, ov, preset)
+        done = set() if force or client is None else {
+            _stage2_of(r) for r in _finished_runs(client, spec.experiment, key)}
+        s1_bundle = bdir / spec.stage1_bundle.format(stage1=s1)
+        if not s1_bundle.is_file():
+            raise ConfigError("bundle not found", file=s1_bundle, field="--stage1",
+                              fix=f"check the method name ({', '.join(STAGE1_METHODS)}) or --bundle-dir")
+        s1_products = [m for m in ("none", "ts") if m in stage2]
+        # LAS needs the stage-1 run, so a LAS-only request still plans stage 1 if absent
+        needs_s1 = bool(s1_products) or ("las" in stage2 and "none" not in done)
+        if needs_s1:
+            produces = s1_products or ["none"]
+            jobs.append(Job(ds, s1, "stage1", s1_bundle, ov, key, produces,
+                            [m for m in produces if m not in done], preset, seed, cohort))
+        if "las" in stage2:
+            las_bundle = bdir / spec.las_bundle
+            if not las_bundle.is_file():
+                raise ConfigError("LAS bundle not found", file=las_bundle, field="--stage2",
+                                  fix="drop 'las' from --stage2 or add the bundle")
+            las_ov: dict[str, object] = dict(spec.las_presets[preset])
+            for k in ("datalist", "seed"):
+                if k in ov:
+                    las_ov[k] = ov[k]
+            jobs.append(Job(ds, s1, "las", las_bundle, las_ov, key, ["las"],
+                            [] if "las" in done else ["las"], preset, seed, cohort))
     return StudyPlan(jobs, uri, out, project_dir)
 
 
@@ -319,16 +339,19 @@ def run_study(plan: StudyPlan, progress: bool = True) -> list[JobResult]:
     logs.mkdir(parents=True, exist_ok=True)
     runner = plan.runner or subprocess_runner
     results: list[JobResult] = []
-    failed_s1: set[tuple[str, str]] = set()
+    failed_s1: set[str] = set()  # study keys of failed stage-1 jobs
     bar = tqdm(plan.jobs, desc="study", unit="job", disable=not progress)
     for job in bar:
         bar.set_postfix_str(job.label)
         if job.skip:
             results.append(JobResult(job, "skipped", message="finished run in MLflow"))
             continue
-        if job.kind == "las" and (job.dataset, job.stage1) in failed_s1:
+        if job.kind == "las" and job.study_key in failed_s1:
             results.append(JobResult(job, "failed", message="its stage-1 job failed"))
             continue
+        if job.cohort and not Path(str(job.overrides["datalist"])).is_file():
+            tqdm.write(f"study: generating the synthetic '{job.cohort}' cohort (once) for {job.label}")
+            ensure_cohort(job.cohort, Path(str(job.overrides["datalist"])).parent.parent)
         ov = dict(job.overrides)
         ov["tracking_uri"] = plan.tracking_uri
         if job.kind == "las":
@@ -347,7 +370,7 @@ def run_study(plan: StudyPlan, progress: bool = True) -> list[JobResult]:
             msg = f"exit code {rc}" if rc else f"no finished run for {missing}"
             tqdm.write(f"study: {job.label} failed ({msg}); see {log}", file=sys.stderr)
             if job.kind == "stage1":
-                failed_s1.add((job.dataset, job.stage1))
+                failed_s1.add(job.study_key)
             results.append(JobResult(job, "failed", ids, log, msg))
         else:
             results.append(JobResult(job, "finished", ids, log))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -126,3 +127,37 @@ def test_bundle_command_and_cli_dry_run(bundles, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 jobs, 1 to run" in out and "--epochs 1" in out
     assert main(["study", "-o", "epochs", "--bundle-dir", str(bundles), "--tracking-uri", uri]) == 2
+
+
+def test_seeds_are_configurations_and_las_follows_its_seed(bundles, tmp_path):
+    uri = f"sqlite:///{tmp_path / 's.db'}"
+    plan = _plan(bundles, uri, tmp_path, stage1=["ce"], seeds=[0, 1])
+    assert [(j.kind, j.seed, j.overrides.get("seed")) for j in plan.jobs] == [
+        ("stage1", 0, 0), ("las", 0, 0), ("stage1", 1, 1), ("las", 1, 1)]
+    assert plan.jobs[0].study_key == plan.jobs[1].study_key != plan.jobs[2].study_key
+    assert plan.jobs[2].label == "nlst/ce/none+ts/seed1"
+    results = run_study(plan, progress=False)
+    assert [r.status for r in results] == ["finished"] * 4
+    client = MlflowClient(tracking_uri=uri)
+    for s1_job, las_job in ((results[0], results[1]), (results[2], results[3])):
+        none = [i for i in s1_job.run_ids if client.get_run(i).data.tags["lungcal.stage2"] == "none"][0]
+        assert client.get_run(las_job.run_ids[0]).data.tags["lungcal.parent_run"] == none
+
+
+def test_the_full_ct_study_plans_the_grid_on_the_nlst_like_cohort(tmp_path, capsys, monkeypatch):
+    """`lungcal study --datasets nlst --preset full --seeds 0 1 2 --dry-run` on the real bundles."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the project root: bundles/ resolve from here
+    uri = f"sqlite:///{tmp_path / 'grid.db'}"
+    rc = main(["study", "--datasets", "nlst", "--preset", "full", "--seeds", "0", "1", "2", "--dry-run",
+               "--tracking-uri", uri])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "24 jobs, 24 to run" in out  # 4 stage-1 methods x 3 seeds, each with its LAS job
+    lines = [line for line in out.splitlines() if "[run ]" in line]
+    stage1 = [line for line in lines if "none+ts" in line]
+    las = [line for line in lines if "/las/" in line]
+    assert len(stage1) == 12 and len(las) == 12
+    assert {m for m in ("ce", "focal", "mixup", "focal_mixup") if any(f"nlst/{m}/none+ts/seed2" in x for x in lines)} \
+        == {"ce", "focal", "mixup", "focal_mixup"}
+    assert all("synthetic_study_3500/datalist.json" in x for x in lines)  # not the demo cohort
+    assert not (tmp_path / "grid.db").exists()  # a dry run creates no store

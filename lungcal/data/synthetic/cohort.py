@@ -57,6 +57,7 @@ __all__ = [
     "COHORT_PRESETS",
     "make_cohort",
     "ensure_cohort",
+    "cohort_datalist_path",
     "ensure_demo_cohort",
     "ensure_study_cohort",
     "cohort_bayes_auc",
@@ -168,6 +169,17 @@ def make_cohort(
     return save_manifest(rows, out / "datalist.json", source="synthetic", site=scanner.site)
 
 
+def cohort_datalist_path(preset: str = "demo", root: str | os.PathLike | None = None, **overrides) -> Path:
+    """Where :func:`ensure_cohort` keeps the datalist of ``preset`` with ``overrides`` (nothing is generated)."""
+    if preset not in COHORT_PRESETS:
+        raise ConfigError(f"unknown synthetic cohort preset {preset!r}", field="preset",
+                          fix=f"use one of {sorted(COHORT_PRESETS)}")
+    defaults = COHORT_PRESETS[preset]
+    root = Path(root if root is not None else lungcal_home() / "data").absolute()
+    overrides = {k: v for k, v in overrides.items() if k not in defaults or not _same(v, defaults[k])}
+    return root / _folder_name(preset, defaults, overrides) / "datalist.json"
+
+
 def ensure_cohort(preset: str = "demo", root: str | os.PathLike | None = None, progress: bool = True,
                   **overrides) -> Path:
     """Return the datalist of the preset cohort ``preset`` (:data:`COHORT_PRESETS`), generating it once.
@@ -179,16 +191,12 @@ def ensure_cohort(preset: str = "demo", root: str | os.PathLike | None = None, p
     argument) change the defaults and the folder name: ``synthetic_<key-value...>`` for the demo
     (as before presets existed), ``synthetic_<preset>_<key-value...>`` for the others.
     """
-    if preset not in COHORT_PRESETS:
-        raise ConfigError(f"unknown synthetic cohort preset {preset!r}", field="preset",
-                          fix=f"use one of {sorted(COHORT_PRESETS)}")
-    defaults = COHORT_PRESETS[preset]
-    root = Path(root if root is not None else lungcal_home() / "data").absolute()
-    overrides = {k: v for k, v in overrides.items() if k not in defaults or not _same(v, defaults[k])}
-    final = root / _folder_name(preset, defaults, overrides)
-    datalist = final / "datalist.json"
+    datalist = cohort_datalist_path(preset, root, **overrides)
     if datalist.is_file():
         return datalist
+    defaults = COHORT_PRESETS[preset]
+    overrides = {k: v for k, v in overrides.items() if k not in defaults or not _same(v, defaults[k])}
+    final, root = datalist.parent, datalist.parent.parent
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
