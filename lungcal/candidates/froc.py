@@ -18,7 +18,7 @@ its maximum (nodules never hit by any candidate are never detected).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

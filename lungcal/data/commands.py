@@ -21,7 +21,8 @@ def _floats(text: str, n: int, name: str) -> tuple[float, ...]:
     if len(vals) == 1 and n == 3:
         vals = vals * 3
     if len(vals) != n:
-        raise ConfigError(f"{name} needs {n} numbers, got {text!r}", field=name, fix=f"pass {n} comma-separated numbers")
+        raise ConfigError(f"{name} needs {n} numbers, got {text!r}", field=name,
+                          fix=f"pass {n} comma-separated numbers")
     return vals
 
 
