@@ -1,10 +1,8 @@
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from cifar_fakes import write_fake_cifar  # noqa: E402
+from tests.cifar_baselines.cifar_fakes import write_fake_cifar
 
 
 @pytest.fixture(scope="session")
