@@ -43,6 +43,9 @@ RESNET10 = {
                 "num_classes": "@embed_dim"},
     "embed_dim": "@embed_dim", "attn_dim": "@attn_dim", "dropout": "@dropout", "tta_flips": "@tta_flips",
 }
+#: the tiny cohort is at 5 mm: series checks that accept its slices and pixels (the defaults refuse both)
+TINY_QC = {"_target_": "lungcal.ct.qc.QCConfig", "max_slice_thickness_mm": 6.0, "warn_slice_thickness_mm": 6.0,
+           "max_pixel_mm": 6.0}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,7 @@ def run_bundle(name: str, monkeypatch, **overrides):
 
 def tiny(cohort: Path, store: Path, **kw):
     return {"datalist": str(cohort), "output_dir": str(store), "epochs": 1, "n_bootstrap": 20, "num_workers": 0,
-            "spacing": [5.0, 5.0, 5.0], "patch_size": 8, "batch_size": 4, **kw}
+            "spacing": [5.0, 5.0, 5.0], "patch_size": 8, "batch_size": 4, "qc": TINY_QC, **kw}
 
 
 def _runs(store: Path, **tags):
@@ -170,7 +173,7 @@ def test_encoder_swap_by_config_trains_and_las_and_inference_rebuild_it(tiny_coh
     assert las and las[0].info.status == "FINISHED"
     out = tmp_path / "pred"
     run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(out), output_dir=str(store),
-               num_workers=0, stage1_run_id=s1.info.run_id)
+               num_workers=0, stage1_run_id=s1.info.run_id, qc=TINY_QC)
     assert len(list(csv.DictReader(open(out / "predictions.csv")))) == 15
 
 
@@ -202,7 +205,7 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
         run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store))
     out = tmp_path / "pred"
     run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(out), output_dir=str(store),
-               num_workers=0)
+               num_workers=0, qc=TINY_QC)
     rows = list(csv.DictReader(open(out / "predictions.csv")))
     assert len(rows) == 15
     assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
@@ -218,7 +221,7 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
     assert temps.pop() == pytest.approx(linked_temperature(default_tracking_uri(store), latest), abs=6e-5)
     with pytest.raises(Exception) as info:
         run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(tmp_path / "p2"),
-                   output_dir=str(store), num_workers=0, site="nowhere")
+                   output_dir=str(store), num_workers=0, site="nowhere", qc=TINY_QC)
     assert "recalibrate" in str(find_lungcal_error(info.value))
 
 
