@@ -1,47 +1,63 @@
-"""Local recalibration for a hospital site: temperature scaling on the site's own validation split.
+"""Local recalibration for a hospital site: recalibrators fitted on the site's own validation split.
 
 A model trained elsewhere is re-checked on the site's data and recalibrated *without retraining*:
-the stage-1 network is frozen, one temperature is fitted by NLL on the site's ``val`` logits only
-(:class:`lungcal.calibration.scaling.TemperatureScaler`), and the site's ``test`` split is evaluated
-before and after with bootstrap CIs (same resamples for both, so the two are comparable). The
-test split is never used for fitting.
+the stage-1 network is frozen, and the site's ``test`` split is scored (bootstrap CIs, the same
+resamples for every row, so rows are comparable) with
 
-When the model came from a stage-1 run whose bundle also fitted a *reference* temperature (on
-the reference site's validation split, its linked TS run), the site's test split is scored with
-that temperature too: this is the model as shipped, and the row that shows whether the reference
-calibration transfers to the site.
+- ``uncalibrated``: the network's softmax;
+- ``reference_<name>``: the model *as shipped*, i.e. with the calibrator the stage-1 bundle
+  fitted on its own (reference-site) validation split, when the model is a run that has one;
+- each local calibrator fitted on the site's ``val`` logits only (``--method``; ``auto`` =
+  :func:`lungcal.calibration.scaling.select_calibrator` over ts / platt / isotonic by
+  cross-validated NLL);
+- ``prior``: the shipped probabilities re-weighted to the site's known prevalence
+  (``--prevalence``; :func:`lungcal.calibration.prior.adjust_to_prior`, no labels used);
+- ``em``: the same with the prevalence estimated by EM on site CTs without outcomes
+  (``--unlabelled``; :func:`lungcal.calibration.prior.estimate_prior_em`).
 
-The result is logged as an MLflow run with ``lungcal.stage2 = ts``, the ``lungcal.site`` tag and a
-``lungcal.parent_run`` link to the stage-1 run (when the model came from a run). Final metrics:
-``test/{metric}`` after local TS, ``test_uncalibrated/{metric}`` before (T = 1) and, when there is
-a reference temperature, ``test_reference_ts/{metric}``; plus ``temperature`` and
-``reference_temperature``.
+The *source* prevalence of a prior adjustment is the one the shipped probabilities are calibrated
+to: the ``source_prior`` of the reference calibrator's run (its fit split's prevalence), else the
+stage-1 run's ``train/prevalence`` or ``val/prevalence``, else ``--source-prevalence``.
+
+The test split is never used for fitting. The result is logged as one MLflow run
+(``lungcal.stage2`` = ``lungcal.calibrator`` = the chosen calibrator, ``lungcal.site``,
+``lungcal.recalibration = local``, ``lungcal.parent_run``), holding the chosen calibrator as
+``calibrator/<name>.json`` (what ``inference.json --site`` applies), final metrics ``test/...``
+for the chosen row and ``test_<row>/...`` for the others, ``temperature`` when TS is chosen,
+and ``lungcal.fit_warning`` when the chosen fit is "no signal". Everything is checked before the
+run is opened, so a bad input leaves no run behind.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lungcal.calibration.metrics import ece_consistency_pvalue
-from lungcal.calibration.scaling import TemperatureScaler
+from lungcal.calibration.prior import adjust_to_prior, estimate_prior_em
+from lungcal.calibration.scaling import CALIBRATORS, FEW_EVENTS, fit_warnings, make_calibrator, select_calibrator
 from lungcal.candidates.cache import build_bags
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.engine.bagset import BagSet
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import load_split
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
+from lungcal.engine.posthoc import no_signal
 from lungcal.engine.predict import predict
-from lungcal.engine.summary import with_ci
-from lungcal.errors import DataError
+from lungcal.engine.recalibrate_summary import format_summary
+from lungcal.engine.site_calibrator import PRIOR, PriorAdjusted, calibrated_probs, reference_calibrator
+from lungcal.engine.unlabelled import unlabelled_rows
+from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import (
     CT_EXPERIMENT,
+    TAG_CALIBRATOR,
     TAG_DATASET,
+    TAG_FIT_WARNING,
     TAG_RECALIBRATION,
     TAG_SITE,
     TAG_STAGE1,
@@ -49,10 +65,35 @@ from lungcal.tracking import (
     RunTracker,
     default_tracking_uri,
     file_digest,
-    linked_temperature,
+    linked_calibrator_run,
 )
 
-__all__ = ["recalibrate", "format_summary"]
+__all__ = ["METHODS", "AUTO_CANDIDATES", "recalibrate", "format_summary", "check_prevalence", "check_method"]
+
+#: ``--method`` choices: a registry calibrator, ``auto`` (selection) or ``prior`` (store the prior adjustment)
+METHODS = ("auto", *CALIBRATORS, PRIOR)
+#: the candidates of ``--method auto``, simplest first
+AUTO_CANDIDATES = ("ts", "platt", "isotonic")
+
+
+def check_method(method: str) -> str:
+    """``method`` if it is one of :data:`METHODS`, else a ConfigError naming them."""
+    if method not in METHODS:
+        raise ConfigError(f"unknown --method {method!r}", field="--method", fix=f"use one of: {', '.join(METHODS)}")
+    return method
+
+
+def check_prevalence(value: Any, field: str = "--prevalence") -> float:
+    """A prevalence strictly between 0 and 1, else a ConfigError."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not 0.0 < v < 1.0:
+        raise ConfigError(f"{field} must be a prevalence strictly between 0 and 1, got {value!r}", field=field,
+                          fix="give the fraction of cancers among the site's screened CTs, e.g. 0.11 for 11% "
+                              "(not a percentage, not 0 or 1)")
+    return v
 
 
 def _site_rows(datalist: Path) -> tuple[list[dict], list[dict], str]:
@@ -83,121 +124,175 @@ def _predict(net, rows, bag_params, cache_dir: Path, num_workers: int, batch_siz
     return out
 
 
-def recalibrate(model: str, datalist: str | Path, *, site: str | None = None, experiment: str = CT_EXPERIMENT,
-                n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0, tracking_uri: str | None = None,
-                output_dir: str | Path | None = None, num_workers: int = 0, log: bool = True) -> dict[str, Any]:
-    """Fit temperature scaling on a site's validation split and evaluate its test split.
+def _source_prior(uri: str, stage1, ref_run, explicit: float | None) -> tuple[float, str]:
+    """The prevalence the shipped probabilities are calibrated to, and where it came from."""
+    if explicit is not None:
+        return explicit, "--source-prevalence"
+    if ref_run is not None and "source_prior" in ref_run.data.metrics:
+        return float(ref_run.data.metrics["source_prior"]), "reference calibrator's fit split"
+    metrics = stage1.run.data.metrics if stage1.run is not None else {}
+    for key in ("train/prevalence", "val/prevalence"):
+        if key in metrics:
+            return float(metrics[key]), f"stage-1 run {key}"
+    raise ConfigError("the prevalence the model was calibrated to is unknown (a checkpoint, or a run that did not "
+                      "log it)", field="--source-prevalence",
+                      fix="pass --source-prevalence <fraction of cancers in the model's training/validation data>")
+
+
+def _fit_local(method: str, val: Mapping[str, Any], seed: int) -> tuple[str, dict[str, Any], dict | None]:
+    """-> (chosen local name or None, {name: fitted calibrator}, cv_nll or None)."""
+    z, y = val["logits"], val["labels"]
+    if method == "auto":
+        chosen, cal, cv_nll = select_calibrator(z, y, candidates=AUTO_CANDIDATES, seed=seed)
+        fitted = {n: (cal if n == chosen else make_calibrator(n).fit(z, y)) for n in AUTO_CANDIDATES}
+        return chosen, fitted, cv_nll
+    if method == PRIOR:
+        return None, {}, None
+    return method, {method: make_calibrator(method).fit(z, y)}, None
+
+
+def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", prevalence: float | str | None = None,
+                unlabelled: str | Path | None = None, source_prevalence: float | str | None = None,
+                site: str | None = None, experiment: str = CT_EXPERIMENT, n_bins: int = 10, n_bootstrap: int = 1000,
+                seed: int = 0, tracking_uri: str | None = None, output_dir: str | Path | None = None,
+                num_workers: int = 0, log: bool = True) -> dict[str, Any]:
+    """Fit recalibrators on a site's validation split and evaluate each on its test split.
 
     Args:
         model: a stage-1 MLflow run id (in ``tracking_uri``) or a stage-1 checkpoint file.
         datalist: the site's datalist JSON (rows with ``val`` and ``test`` splits; train is unused).
+        method: one of :data:`METHODS` (default ``auto``). ``prior`` stores the prior adjustment
+            (``--prevalence``, else the EM estimate of ``--unlabelled``) as the site's calibrator.
+        prevalence: the site's known prevalence, in (0, 1): adds the ``prior`` row.
+        unlabelled: a datalist or folder of site CTs without outcomes: adds the ``em`` row.
+        source_prevalence: the prevalence the shipped model is calibrated to (default: read from
+            the stage-1 run, see the module doc).
         site: value of the ``lungcal.site`` tag (default: the datalist rows' ``site``).
-        experiment: MLflow experiment for the run.
-        n_bins: ECE bins (10 for CT).
-        n_bootstrap: bootstrap resamples of the CIs (same seed before and after).
-        seed: bootstrap seed.
-        tracking_uri: MLflow URI (default: the project's SQLite store).
-        output_dir: where the bag cache goes (default: the project's output folder).
-        num_workers: bag-building processes (0 = in-process).
+        experiment, n_bins, n_bootstrap, seed, tracking_uri, output_dir, num_workers: as before.
         log: record an MLflow run.
 
     Returns:
-        ``{"before": report, "reference": report or None, "after": report, "temperature",
-        "reference_temperature", "run_id", "parent_run", "site", "n_val", "n_test"}`` where the
-        reports come from ``calibration_report`` (fractions); ``reference`` scores the test split
-        with the stage-1 run's own (reference-site) temperature, when it has one.
+        ``{"rows": {row: report}, "chosen", "chosen_row", "calibrator", "warnings", "few_events",
+        "cv_nll", "priors", "before", "reference", "after", "temperature", "reference_temperature",
+        "run_id", "parent_run", "site", "n_val", "n_test"}``; each report comes from
+        ``calibration_report`` plus ``ece_pvalue``.
     """
+    # every check before any work, and before the run is opened
+    method = check_method(method)
+    prevalence = check_prevalence(prevalence) if prevalence is not None else None
+    source_prevalence = (check_prevalence(source_prevalence, "--source-prevalence")
+                         if source_prevalence is not None else None)
+    if method == PRIOR and prevalence is None and unlabelled is None:
+        raise ConfigError("--method prior needs the site's prevalence", field="--method",
+                          fix="add --prevalence P (known) or --unlabelled DATALIST (estimated by EM)")
     datalist = Path(datalist).expanduser()
     if not datalist.is_file():
         raise DataError("datalist not found", file=datalist, field="--datalist",
                         fix="create it with `lungcal import-site`, then run `lungcal check-data`")
+    val_rows, test_rows, site_from_rows = _site_rows(datalist)
+    unl_rows = unlabelled_rows(unlabelled) if unlabelled is not None else None
     out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
     uri = tracking_uri or default_tracking_uri(out_dir)
     stage1 = load_stage1(str(model), uri, field="--model")
     net, run, bag_params = stage1.network, stage1.run, stage1.bag_params
-    val_rows, test_rows, site_from_rows = _site_rows(datalist)
+    ref_run = linked_calibrator_run(uri, run) if run is not None else None
+    source = None
+    if prevalence is not None or unl_rows is not None:
+        source = _source_prior(uri, stage1, ref_run, source_prevalence)
+    ref_cal = reference_calibrator(uri, run) if run is not None else None
+    ref_name = getattr(ref_cal, "name", None)
     site = site or site_from_rows
     cache = out_dir / "cache" / "bags"
     val = _predict(net, val_rows, bag_params, cache, num_workers)
     test = _predict(net, test_rows, bag_params, cache, num_workers)
+    unl = _predict(net, unl_rows, bag_params, cache, num_workers) if unl_rows is not None else None
 
-    scaler = TemperatureScaler().fit(val["logits"], val["labels"])  # validation only
-    temp = float(scaler.temperature)
-    p_before = probabilities(test["logits"])
-    p_after = probabilities(test["logits"], temp)
-    before = evaluate_probs(p_before, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
-    after = evaluate_probs(p_after, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
-    ref_temp = linked_temperature(uri, run) if run is not None else None
-    p_ref = probabilities(test["logits"], ref_temp) if ref_temp is not None else None
-    reference = (evaluate_probs(p_ref, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
-                 if p_ref is not None else None)
-    # is the model miscalibrated on this site? ECE is biased upwards on small splits, so each row
-    # also gets its consistency-resampling p-value (small = an ECE this large is unlikely for a
-    # calibrated model with these confidences)
-    for rep, probs in ((before, p_before), (reference, p_ref), (after, p_after)):
-        if rep is not None:
-            rep["ece_pvalue"] = ece_consistency_pvalue(probs, test["labels"], n_bins=n_bins, seed=seed)[1]
-    val_before = evaluate_probs(probabilities(val["logits"]), val["labels"], n_bins=n_bins, n_bootstrap=0)
-    val_after = evaluate_probs(probabilities(val["logits"], temp), val["labels"], n_bins=n_bins, n_bootstrap=0)
+    chosen_local, fitted, cv_nll = _fit_local(method, val, seed)
+    probs: dict[str, np.ndarray] = {"uncalibrated": probabilities(test["logits"])}
+    shipped_key = "uncalibrated"
+    if ref_cal is not None:
+        shipped_key = f"reference_{ref_name}"
+        probs[shipped_key] = calibrated_probs(ref_cal, test["logits"])
+    for name, cal in fitted.items():
+        probs[name] = calibrated_probs(cal, test["logits"])
+    priors: dict[str, Any] = {}
+    stored: dict[str, Any] = dict(fitted)
+    if source is not None:
+        priors.update(source_prior=source[0], source=source[1])
+    if prevalence is not None:
+        priors["site_prior"] = prevalence
+        stored["prior"] = PriorAdjusted(ref_cal, source[0], prevalence, "given")
+        probs["prior"] = adjust_to_prior(probs[shipped_key], source[0], prevalence)
+    if unl is not None:
+        em = estimate_prior_em(calibrated_probs(ref_cal, unl["logits"]), source[0])
+        priors.update(em_prior=em, n_unlabelled=len(unl_rows))
+        stored["em"] = PriorAdjusted(ref_cal, source[0], em, "em")
+        probs["em"] = adjust_to_prior(probs[shipped_key], source[0], em)
+    chosen_row = chosen_local if method != PRIOR else ("prior" if prevalence is not None else "em")
+    chosen_cal = stored[chosen_row]
 
+    rows = {}
+    for key, p in probs.items():
+        rep = evaluate_probs(p, test["labels"], n_bins=n_bins, n_bootstrap=n_bootstrap, seed=seed)
+        rep["ece_pvalue"] = ece_consistency_pvalue(p, test["labels"], n_bins=n_bins, seed=seed)[1]
+        rows[key] = rep
+    warnings = {n: fit_warnings(c, val["logits"], val["labels"]) for n, c in fitted.items()}
+    flags = {n: no_signal(w) for n, w in warnings.items() if no_signal(w)}
+    n_events = int(min(int((val["labels"] == 1).sum()), int((val["labels"] == 0).sum())))
+    temp = float(chosen_cal.temperature) if getattr(chosen_cal, "name", "") == "ts" else None
+    ref_temp = float(ref_cal.temperature) if getattr(ref_cal, "name", "") == "ts" else None
     parent = stage1.run_id
     stage1_name = stage1.stage1_name(TAG_STAGE1)
-    result = {"before": before, "reference": reference, "after": after, "temperature": temp,
-              "reference_temperature": ref_temp, "run_id": None, "parent_run": parent,
-              "stage1": stage1_name, "site": site, "n_val": len(val_rows), "n_test": len(test_rows),
-              "tracking_uri": uri}
+    result = {"rows": rows, "chosen": chosen_cal.name, "chosen_row": chosen_row, "calibrator": chosen_cal,
+              "method": method, "warnings": flags, "few_events": n_events < FEW_EVENTS, "n_events": n_events,
+              "cv_nll": cv_nll, "priors": priors, "shipped": shipped_key, "before": rows["uncalibrated"],
+              "reference": rows.get(shipped_key) if shipped_key != "uncalibrated" else None,
+              "after": rows[chosen_row], "temperature": temp, "reference_temperature": ref_temp, "run_id": None,
+              "parent_run": parent, "stage1": stage1_name, "site": site, "n_val": len(val_rows),
+              "n_test": len(test_rows), "tracking_uri": uri}
     if not log:
         return result
-    source = manifest_source(datalist)
-    tags = {TAG_DATASET: source, TAG_STAGE1: stage1_name, TAG_STAGE2: "ts", TAG_SITE: site, TAG_RECALIBRATION: "local"}
-    name = f"{stage1_name}+ts@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with RunTracker(experiment, name, tracking_uri=uri, tags=tags, parent_run_id=parent) as tr:
-        params = {"stage2": "ts", "fit_split": "val", "model": parent or "checkpoint", "site": site,
-                  "datalist": {"source": source, "sha256": file_digest(datalist)},
-                  "n_val": len(val_rows), "n_test": len(test_rows), "n_bins": n_bins, "n_bootstrap": n_bootstrap,
-                  "bag_params": bag_params, "retrained": False}
-        tr.log_params(params)
-        tr.log_dict(params, "config/resolved.json")
-        if ref_temp is not None:
-            tr.log_metrics({"reference_temperature": ref_temp})
-        tr.log_metrics({"temperature": temp, "val/nll_before": val_before["nll"], "val/nll": val_after["nll"],
-                        "val/ece_before": val_before["ece"], "val/ece": val_after["ece"]})
-        work = out_dir / "recalibration" / tr.run_id
-        log_split(tr, "test_uncalibrated", p_before, test["labels"], before, n_bins=n_bins,
-                  subjects=test["subjects"], attention=test["attention"], workdir=work, title=f"{stage1_name} @ {site}")
-        if reference is not None:
-            log_split(tr, "test_reference_ts", p_ref, test["labels"], reference, n_bins=n_bins, workdir=work,
-                      title=f"{stage1_name}+reference TS @ {site}")
-        log_split(tr, "test", p_after, test["labels"], after, n_bins=n_bins, subjects=test["subjects"],
-                  attention=test["attention"], workdir=work, title=f"{stage1_name}+TS @ {site}")
-        state = {"temperature": temp, "stage1_run": parent, "fit_split": "val", "site": site}
-        cal = atomic_write_text(work / "temperature.json", json.dumps(state))
-        tr.log_artifact(cal, "calibrator")
-        result["run_id"] = tr.run_id
+    _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap)
     return result
 
 
-def format_summary(res: Mapping[str, Any]) -> str:
-    """A short text table: test ECE, AUC and ACC before and after TS, with 95% CIs and the ECE's
-    consistency p-value."""
-    b, a, r = res["before"], res["after"], res.get("reference")
-    lines = [f"== lungcal recalibrate: site {res['site']} (val n={res['n_val']}, test n={res['n_test']}) ==",
-             f"  temperature   {res['temperature']:.3f} (fitted on the site's val split; no retraining)"]
-    if r is not None:
-        lines.append(f"  reference T   {res['reference_temperature']:.3f} "
-                     "(fitted by the stage-1 run on its own val split)")
-
-    def row(name, rep):
-        pv = rep.get("ece_pvalue")
-        return (f"  {name:<13} {with_ci(rep, 'ece'):<24} {with_ci(rep, 'auc'):<24} {rep['acc']:<9.3f}"
-                + (f"{pv:.3f}" if pv is not None else "")).rstrip()
-
-    lines += [f"  {'':<13} {'test ECE':<24} {'test AUC':<24} {'test ACC':<9}p(calibrated)", row("uncalibrated", b)]
-    if r is not None:
-        lines.append(row("reference TS", r))
-    lines.append(row("local TS", a))
-    lines.append("  p(calibrated): consistency-resampling p-value of the ECE; small = miscalibrated on this site")
-    if res.get("run_id"):
-        lines.append(f"  MLflow run    {res['run_id']} (parent {res.get('parent_run') or 'checkpoint'})")
-        lines.append(f"  open with     mlflow ui --backend-store-uri {res['tracking_uri']}")
-    return "\n".join(lines)
+def _log_run(res: dict[str, Any], probs: Mapping[str, np.ndarray], test, val, datalist: Path, bag_params,
+             experiment: str, out_dir: Path, n_bins: int, n_bootstrap: int) -> None:
+    chosen, site, stage1_name, parent = res["chosen_row"], res["site"], res["stage1"], res["parent_run"]
+    cal = res["calibrator"]
+    source = manifest_source(datalist)
+    tags = {TAG_DATASET: source, TAG_STAGE1: stage1_name, TAG_STAGE2: cal.name, TAG_CALIBRATOR: cal.name,
+            TAG_SITE: site, TAG_RECALIBRATION: "local"}
+    flags = res["warnings"].get(chosen, [])
+    if flags:
+        tags[TAG_FIT_WARNING] = "; ".join(flags)
+    name = f"{stage1_name}+{cal.name}@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
+    with RunTracker(experiment, name, tracking_uri=res["tracking_uri"], tags=tags, parent_run_id=parent) as tr:
+        params = {"stage2": cal.name, "method": res["method"], "chosen": chosen, "fit_split": "val",
+                  "model": parent or "checkpoint", "site": site,
+                  "datalist": {"source": source, "sha256": file_digest(datalist)},
+                  "n_val": res["n_val"], "n_test": res["n_test"], "n_bins": n_bins, "n_bootstrap": n_bootstrap,
+                  "bag_params": bag_params, "retrained": False, "rows": list(probs)}
+        if res["priors"].get("source"):
+            params["source_prior_from"] = res["priors"]["source"]
+        tr.log_params(params)
+        tr.log_dict({**params, "cv_nll": res["cv_nll"], "warnings": res["warnings"]}, "config/resolved.json")
+        metrics = {k: v for k, v in res["priors"].items() if isinstance(v, (int, float))}
+        metrics["val/n_events"] = res["n_events"]
+        if res["temperature"] is not None:
+            metrics["temperature"] = res["temperature"]
+        if res["reference_temperature"] is not None:
+            metrics["reference_temperature"] = res["reference_temperature"]
+        for n, v in (res["cv_nll"] or {}).items():
+            metrics[f"val/cv_nll_{n}"] = v
+        tr.log_metrics(metrics)
+        work = out_dir / "recalibration" / tr.run_id
+        for key, p in probs.items():
+            split = "test" if key == chosen else f"test_{key}"
+            full = key in (chosen, "uncalibrated")
+            log_split(tr, split, p, test["labels"], res["rows"][key], n_bins=n_bins,
+                      subjects=test["subjects"] if full else None, attention=test["attention"] if full else None,
+                      workdir=work, title=f"{stage1_name}+{key} @ {site}")
+        state = atomic_write_text(work / f"{cal.name}.json", cal.to_json())
+        tr.log_artifact(state, "calibrator")
+        res["run_id"] = tr.run_id

@@ -16,16 +16,19 @@ either; :func:`calibrated_probs` applies one to ``(N, 2)`` logits.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
 
 from lungcal.calibration.prior import adjust_to_prior
-from lungcal.calibration.scaling import calibrator_from_json
+from lungcal.calibration.scaling import TemperatureScaler, calibrator_from_json
 from lungcal.engine.evaluate import probabilities
 from lungcal.errors import DataError
+from lungcal.tracking import linked_calibrator, linked_temperature
 
-__all__ = ["PRIOR", "calibrated_probs", "load_calibrator", "PriorAdjusted"]
+__all__ = ["PRIOR", "calibrated_probs", "load_calibrator", "temperature_calibrator", "site_calibrator",
+           "reference_calibrator", "PriorAdjusted"]
 
 #: the registry-like name of a stored prior adjustment
 PRIOR = "prior"
@@ -51,6 +54,36 @@ def load_calibrator(text: str):
     if isinstance(state, dict) and state.get("name") == PRIOR:
         return PriorAdjusted.from_state(state)
     return calibrator_from_json(text)
+
+
+def temperature_calibrator(temperature: float) -> TemperatureScaler:
+    """A fitted :class:`TemperatureScaler` of a binary model with temperature ``temperature``."""
+    return TemperatureScaler().load_state_dict({"name": "ts", "log_temperature": math.log(float(temperature)),
+                                                "n_classes": 2})
+
+
+def site_calibrator(tracking_uri: str, run, site: str):
+    """The calibrator ``lungcal recalibrate`` stored for ``site`` (any kind), or ``None``.
+
+    Falls back to the temperature of a site TS run recorded before calibrators were stored as JSON.
+    """
+    found = linked_calibrator(tracking_uri, run, site=site, load=load_calibrator)
+    if found is not None:
+        return found[1]
+    temp = linked_temperature(tracking_uri, run, site=site)
+    return temperature_calibrator(temp) if temp is not None else None
+
+
+def reference_calibrator(tracking_uri: str, run):
+    """The stage-1 run's reference calibrator (its post-hoc runs; ``ts`` preferred), or ``None``.
+
+    A reference TS run without a stored calibrator (older runs) gives its ``temperature``.
+    """
+    found = linked_calibrator(tracking_uri, run, load=load_calibrator)
+    if found is not None:
+        return found[1]
+    temp = linked_temperature(tracking_uri, run)
+    return temperature_calibrator(temp) if temp is not None else None
 
 
 class PriorAdjusted:

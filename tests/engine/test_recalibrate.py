@@ -1,40 +1,64 @@
-"""``lungcal recalibrate``: TS fitted on the site's validation split only, logged as a linked run.
+"""``lungcal recalibrate``: recalibrators fitted on the site's validation split only, prior adjustment
+to the site's prevalence (given, or by EM on unlabelled CTs), one linked run holding the chosen one.
 
 The bag pipeline is replaced by fixed logits (the end-to-end run on real synthetic CTs is
-``tests/test_hospital_workflow.py``); the model loading, the TS fit, the reports, the CLI and the
-MLflow run are the real ones.
+``tests/test_hospital_workflow.py``); the model loading, the fits, the reports, the CLI and the
+MLflow run are the real ones. Oracles: :func:`select_calibrator` / the calibrators fitted directly on
+the val logits, :func:`adjust_to_prior` / :func:`estimate_prior_em`, scikit-learn's AUC.
 """
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from sklearn.metrics import roc_auc_score
 
-from lungcal.calibration.metrics import ece
-from lungcal.calibration.scaling import TemperatureScaler
+from lungcal.calibration.metrics import calibration_slope_intercept, ece, oe_ratio
+from lungcal.calibration.prior import adjust_to_prior, estimate_prior_em
+from lungcal.calibration.scaling import PlattScaler, TemperatureScaler, make_calibrator, select_calibrator
 from lungcal.cli import main
 from lungcal.engine import recalibrate as recalibrate_module
 from lungcal.engine.evaluate import probabilities
 from lungcal.engine.recalibrate import format_summary, recalibrate
+from lungcal.engine.site_calibrator import PriorAdjusted, load_calibrator, site_calibrator
 from lungcal.errors import ConfigError, DataError
 from lungcal.mil.models import build_mil_model
-from lungcal.tracking import RunTracker, linked_temperature
+from lungcal.paths import atomic_write_text
+from lungcal.tracking import RunTracker, linked_calibrator, linked_temperature
 
 
-def _overconfident(n, seed, scale):
+def _overconfident(n, seed, scale, prevalence=0.3):
     rng = np.random.default_rng(seed)
-    y = (rng.random(n) < 0.3).astype(int)
+    y = (rng.random(n) < prevalence).astype(int)
     margin = rng.normal(0.8, 1.5, n) * np.where(y == 1, 1, -1)
     logits = np.stack([np.zeros(n), scale * margin], 1)
     return torch.tensor(logits, dtype=torch.float32), torch.tensor(y)
 
 
+def _shifted(n, seed, prevalence, source=0.4, mu=1.0):
+    """Logits that are the exact Bayes posterior at prevalence ``source`` (class-conditional N(+-mu, 1)),
+    for cases drawn at ``prevalence``: calibrated at the source, a pure label shift at the site."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < prevalence).astype(int)
+    x = rng.normal(np.where(y == 1, mu, -mu), 1.0)
+    z = 2 * mu * x + math.log(source / (1 - source))
+    return torch.tensor(np.stack([np.zeros(n), z], 1), dtype=torch.float32), torch.tensor(y)
+
+
+def _noise(n, seed):
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.3).astype(int)
+    return torch.tensor(np.stack([np.zeros(n), rng.normal(0, 0.3, n)], 1), dtype=torch.float32), torch.tensor(y)
+
+
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    """A datalist, a stage-1 checkpoint, a stage-1 MLflow run holding it, and fake predictions."""
+    """A datalist, a stage-1 checkpoint, a stage-1 MLflow run holding it, and fake predictions
+    (``site["fake"]`` may be replaced per test; ``"unlabelled"`` serves ``--unlabelled`` rows)."""
     rows = [{"image": f"ct{i}.nii.gz", "label": i % 2, "subject": f"s{i:03d}", "site": "site-b",
              "split": ("train", "val", "test")[i % 3]} for i in range(30)]
     for r in rows:
@@ -56,8 +80,8 @@ def site(tmp_path, monkeypatch):
 
     def fake_predict(net, rows, bag_params, cache_dir, num_workers, batch_size=16):
         assert bag_params == {"k": 4}
-        split = rows[0]["split"]
-        assert {r["split"] for r in rows} == {split} and split in ("val", "test")
+        split = "unlabelled" if rows[0]["site"] == "unlabelled" else rows[0]["split"]
+        assert split in ("val", "test", "unlabelled")
         logits, y = fake[split]
         return {"logits": logits, "labels": y, "attention": torch.full((len(y), 4), 0.25),
                 "subjects": [f"p{i}" for i in range(len(y))], "candidates": None}
@@ -66,41 +90,219 @@ def site(tmp_path, monkeypatch):
     return {"datalist": dl, "checkpoint": ck, "uri": uri, "parent": parent, "fake": fake, "tmp": tmp_path}
 
 
-def test_recalibrate_fits_on_val_only_and_logs_linked_run(site, capsys):
-    rc = main(["recalibrate", "--model", site["parent"], "--datalist", str(site["datalist"]),
-               "--tracking-uri", site["uri"], "--output-dir", str(site["tmp"] / "out"), "--n-bootstrap", "200"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert "site site-b" in out and "uncalibrated" in out and "local TS" in out
-    assert "reference TS" not in out  # the stage-1 run has no linked TS run
+def _cli(site, *extra):
+    return main(["recalibrate", "--model", site["parent"], "--datalist", str(site["datalist"]),
+                 "--tracking-uri", site["uri"], "--output-dir", str(site["tmp"] / "out"), *extra])
+
+
+def _site_runs(site):
     client = MlflowClient(site["uri"])
-    runs = client.search_runs([client.get_experiment_by_name("nlst").experiment_id], "tags.`lungcal.stage2` = 'ts'")
+    return client, client.search_runs([client.get_experiment_by_name("nlst").experiment_id],
+                                      "tags.`lungcal.site` = 'site-b'")
+
+
+def test_auto_selects_on_val_only_logs_every_row_and_stores_the_chosen_calibrator(site, capsys):
+    assert _cli(site, "--n-bootstrap", "200") == 0
+    out = capsys.readouterr().out
+    print(out)
+    for label in ("uncalibrated", "local ts", "local platt", "local isotonic", "slope", "intercept", "O/E"):
+        assert label in out
+    assert "shipped" not in out  # the stage-1 run has no linked calibrator run
+    client, runs = _site_runs(site)
     assert len(runs) == 1
     run = runs[0]
-    t_val = float(TemperatureScaler().fit(*site["fake"]["val"]).temperature)
-    t_test = float(TemperatureScaler().fit(*site["fake"]["test"]).temperature)
-    m = run.data.metrics
-    assert m["temperature"] == pytest.approx(t_val, rel=1e-5) and abs(t_val - t_test) > 1e-3
-    assert m["temperature"] > 1.5  # overconfident logits are softened
-    assert m["test/ece"] < m["test_uncalibrated/ece"]
-    assert m["test_uncalibrated/ece_pvalue"] < 0.01 < m["test/ece_pvalue"]  # miscalibrated before, not after
-    assert m["test/auc"] == pytest.approx(m["test_uncalibrated/auc"]) and m["test/acc"] == m["test_uncalibrated/acc"]
-    assert m["test/ece_ci_low"] <= m["test/ece"] <= m["test/ece_ci_high"]
-    tags = run.data.tags
-    assert tags["lungcal.site"] == "site-b" and tags["lungcal.parent_run"] == site["parent"]
+    zv, yv = site["fake"]["val"]
+    zt, yt = site["fake"]["test"]
+    chosen, oracle, cv_nll = select_calibrator(zv, yv)  # the oracle: selection on val only
+    tags, m = run.data.tags, run.data.metrics
+    assert tags["lungcal.calibrator"] == tags["lungcal.stage2"] == chosen == run.data.params["chosen"]
+    assert tags["lungcal.recalibration"] == "local" and tags["lungcal.parent_run"] == site["parent"]
     assert tags["lungcal.stage1"] == "focal" and tags["lungcal.dataset"] == "site:site-b"
+    assert "lungcal.fit_warning" not in tags
     assert run.data.params["fit_split"] == "val" and run.data.params["retrained"] == "False"
     assert str(site["datalist"]) not in json.dumps(run.data.params)  # paths never logged
-    arts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
-    assert arts == {"plots/test_reliability.png", "plots/test_uncalibrated_reliability.png"}
+    for name, v in cv_nll.items():
+        assert m[f"val/cv_nll_{name}"] == pytest.approx(v, rel=1e-9)
+    # the chosen row is test/..., the others test_<row>/...
+    p_chosen = np.asarray(oracle.predict_proba(zt.numpy()))
+    assert m["test/ece"] == pytest.approx(ece(p_chosen, yt.numpy(), n_bins=10), abs=1e-6)
+    slope, intercept = calibration_slope_intercept(p_chosen, yt.numpy())
+    assert m["test/cal_slope"] == pytest.approx(slope, abs=1e-6)
+    assert m["test/cal_intercept"] == pytest.approx(intercept, abs=1e-6)
+    assert m["test/oe_ratio"] == pytest.approx(oe_ratio(p_chosen, yt.numpy()), abs=1e-6)
+    for key in {"ts", "platt", "isotonic"} - {chosen}:
+        p = np.asarray(make_calibrator(key).fit(zv, yv).predict_proba(zt.numpy()))
+        assert m[f"test_{key}/ece"] == pytest.approx(ece(p, yt.numpy(), n_bins=10), abs=1e-6)
+        assert f"test_{key}/cal_slope_ci_low" in m
+    assert m["test_uncalibrated/ece"] > m["test/ece"]
+    assert m["test_uncalibrated/ece_pvalue"] < 0.01 < m["test/ece_pvalue"]  # miscalibrated before, not after
+    auc = roc_auc_score(yt.numpy(), zt.numpy()[:, 1])
+    assert m["test_uncalibrated/auc"] == pytest.approx(auc, abs=1e-9)
+    for key in ("ts", "platt"):  # monotone maps keep the ranking
+        assert m[f"test_{key}/auc" if key != chosen else "test/auc"] == pytest.approx(auc, abs=1e-9)
+    # the stored calibrator is the chosen one, as plain JSON, and inference finds it by site
+    name, stored = linked_calibrator(site["uri"], client.get_run(site["parent"]), site="site-b",
+                                     load=load_calibrator)
+    assert name == chosen
+    np.testing.assert_allclose(stored.predict_proba(zt.numpy()), p_chosen, atol=1e-12)
+    assert linked_calibrator(site["uri"], client.get_run(site["parent"]), site="elsewhere") is None
+
+
+def test_explicit_method_is_fitted_on_val_and_ts_keeps_the_temperature_contract(site, capsys):
+    assert _cli(site, "--method", "ts", "--n-bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    assert "local ts" in out and "local platt" not in out
+    client, runs = _site_runs(site)
+    m = runs[0].data.metrics
+    t_val = TemperatureScaler().fit(*site["fake"]["val"]).temperature
+    t_test = TemperatureScaler().fit(*site["fake"]["test"]).temperature
+    assert m["temperature"] == pytest.approx(t_val, rel=1e-6) and abs(t_val - t_test) > 1e-3
+    assert m["test/auc"] == pytest.approx(m["test_uncalibrated/auc"]) and m["test/acc"] == m["test_uncalibrated/acc"]
+    stage1 = client.get_run(site["parent"])
+    assert linked_temperature(site["uri"], stage1, site="site-b") == pytest.approx(t_val, rel=1e-6)
+
+
+def test_prior_adjustment_and_em_undo_a_prevalence_shift_and_method_prior_stores_it(site, capsys, tmp_path):
+    """Logits calibrated at prevalence 0.4, a site at 0.11: the given prevalence and the EM estimate on
+    unlabelled CTs both remove the shift; --method prior stores the adjustment for inference."""
+    site["fake"].update(val=_shifted(2000, 1, 0.11), test=_shifted(2000, 2, 0.11),
+                        unlabelled=_shifted(2000, 3, 0.11))
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)  # what post-hoc logs
+    unl = tmp_path / "unlabelled.json"
+    unl.write_text(json.dumps({"rows": [{"image": "ct0.nii.gz"}, {"image": str(tmp_path / "ct1.nii.gz")}]}))
+    assert _cli(site, "--method", "prior", "--prevalence", "0.11", "--unlabelled", str(unl),
+                "--n-bootstrap", "200") == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "prior-adjusted" in out and "EM prior-adjusted" in out and "0.400 (stage-1 run val/prevalence)" in out
+    client, runs = _site_runs(site)
+    run = runs[0]
+    m, tags = run.data.metrics, run.data.tags
+    zt, yt = site["fake"]["test"]
+    p0 = probabilities(zt)
+    expected = adjust_to_prior(p0, 0.4, 0.11)
+    em = estimate_prior_em(probabilities(site["fake"]["unlabelled"][0]), 0.4)
+    assert tags["lungcal.calibrator"] == "prior" and run.data.params["chosen"] == "prior"
+    assert m["source_prior"] == 0.4 and m["site_prior"] == 0.11
+    assert m["em_prior"] == pytest.approx(em, rel=1e-9) and abs(em - 0.11) < 0.03
+    assert m["test/ece"] == pytest.approx(ece(expected, yt.numpy(), n_bins=10), abs=1e-6)
+    em_probs = adjust_to_prior(p0, 0.4, em)
+    assert m["test_em/ece"] == pytest.approx(ece(em_probs, yt.numpy(), n_bins=10), abs=1e-6)
+    assert m["test/ece"] < m["test_uncalibrated/ece"] and m["test_em/ece"] < m["test_uncalibrated/ece"]
+    assert m["test_uncalibrated/oe_ratio"] < 0.5 and m["test/oe_ratio"] == pytest.approx(1.0, abs=0.15)
+    assert m["test_uncalibrated/cal_intercept"] < -0.8 and abs(m["test/cal_intercept"]) < 0.25
+    assert m["test/auc"] == pytest.approx(m["test_uncalibrated/auc"], abs=1e-12)  # Bayes re-weighting is monotone
+    assert m["test_em/auc"] == pytest.approx(m["test_uncalibrated/auc"], abs=1e-12)
+    stored = site_calibrator(site["uri"], client.get_run(site["parent"]), "site-b")
+    assert isinstance(stored, PriorAdjusted) and stored.base is None and stored.target_prior == 0.11
+    np.testing.assert_allclose(stored.predict_proba(zt.numpy()), expected, atol=1e-12)
+
+
+def test_a_non_ts_reference_calibrator_is_the_shipped_row_and_its_source_prior(site, capsys, tmp_path):
+    zv, yv = _overconfident(300, 7, 2.0)
+    platt = PlattScaler().fit(zv, yv)
+    with RunTracker("nlst", "stage1+platt", tracking_uri=site["uri"], parent_run_id=site["parent"],
+                    tags={"lungcal.stage1": "focal", "lungcal.stage2": "platt", "lungcal.calibrator": "platt"}) as tr:
+        tr.log_metrics({"source_prior": 0.3})
+        tr.log_artifact(atomic_write_text(tmp_path / "platt.json", platt.to_json()), "calibrator")
+    assert _cli(site, "--n-bootstrap", "0", "--prevalence", "0.2") == 0
+    out = capsys.readouterr().out
+    assert "shipped (platt)" in out and "0.300 (reference calibrator's fit split)" in out
+    _, runs = _site_runs(site)
+    m = runs[0].data.metrics
+    zt, yt = site["fake"]["test"]
+    shipped = np.asarray(platt.predict_proba(zt.numpy()))
+    assert m["test_reference_platt/ece"] == pytest.approx(ece(shipped, yt.numpy(), n_bins=10), abs=1e-6)
+    assert m["test_prior/ece"] == pytest.approx(ece(adjust_to_prior(shipped, 0.3, 0.2), yt.numpy(), n_bins=10),
+                                                abs=1e-6)
+
+
+def test_an_old_reference_ts_run_is_scored_by_its_temperature(site, capsys):
+    """A reference TS run without a stored calibrator (older stores) still gives the shipped row."""
+    client = MlflowClient(site["uri"])
+    with RunTracker("nlst", "stage1+ts", tracking_uri=site["uri"], parent_run_id=site["parent"],
+                    tags={"lungcal.stage1": "focal", "lungcal.stage2": "ts"}) as tr:
+        tr.log_metrics({"temperature": 1.25})
+    stage1 = client.get_run(site["parent"])
+    assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)
+    assert _cli(site, "--n-bootstrap", "0", "--method", "ts") == 0
+    out = capsys.readouterr().out
+    assert "shipped (ts)" in out and "reference T   1.250" in out
+    m = _site_runs(site)[1][0].data.metrics
+    logits, y = site["fake"]["test"]
+    assert m["reference_temperature"] == pytest.approx(1.25)
+    assert m["test_reference_ts/ece"] == pytest.approx(ece(probabilities(logits, 1.25), y.numpy(), n_bins=10),
+                                                       abs=1e-6)
+    assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)  # the reference stays the reference
+    assert linked_temperature(site["uri"], stage1, site="site-b") == pytest.approx(m["temperature"])
 
 
 def test_recalibrate_from_checkpoint_without_logging(site):
     res = recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], n_bootstrap=0, log=False,
-                        output_dir=site["tmp"] / "out")
+                      output_dir=site["tmp"] / "out", method="platt")
     assert res["run_id"] is None and res["parent_run"] is None and res["stage1"] == "focal"
     assert res["after"]["ece"] < res["before"]["ece"] and res["n_val"] == 10 and res["n_test"] == 10
-    assert "local TS" in format_summary(res) and res["reference"] is None
+    assert res["chosen"] == "platt" and "local platt" in format_summary(res) and res["reference"] is None
+    with pytest.raises(ConfigError, match="--source-prevalence"):  # a checkpoint does not know its prevalence
+        recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], log=False,
+                    output_dir=site["tmp"] / "out", prevalence=0.1)
+    res = recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], log=False, n_bootstrap=0,
+                      output_dir=site["tmp"] / "out", prevalence=0.1, source_prevalence=0.3)
+    assert res["priors"]["source_prior"] == 0.3 and "prior" in res["rows"]
+
+
+def test_few_events_warns_and_a_no_signal_fit_is_flagged_and_tagged(site, capsys):
+    site["fake"].update(val=_noise(150, 1), test=_noise(300, 2))  # ~45 events, logits unrelated to outcome
+    assert _cli(site, "--method", "ts", "--n-bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "CIs are wide" in out and "~ chance" in out and "NO SIGNAL" in out
+    run = _site_runs(site)[1][0]
+    assert "~ chance" in run.data.tags["lungcal.fit_warning"]
+    assert run.data.metrics["val/n_events"] < 100
+
+
+def _no_run_left(site):
+    client = MlflowClient(site["uri"])
+    exp = client.get_experiment_by_name("nlst")
+    runs = client.search_runs([exp.experiment_id], "tags.`lungcal.stage2` != 'none'")
+    assert runs == [], [(r.info.run_name, r.info.status) for r in runs]
+
+
+@pytest.mark.parametrize("extra, kind, words", [
+    (("--method", "beta"), "ConfigError", "unknown --method 'beta'"),
+    (("--prevalence", "1.5"), "ConfigError", "--prevalence must be a prevalence strictly between 0 and 1"),
+    (("--prevalence", "11%"), "ConfigError", "--prevalence must be"),
+    (("--prevalence", "0"), "ConfigError", "--prevalence must be"),
+    (("--method", "prior"), "ConfigError", "--method prior needs the site's prevalence"),
+    (("--unlabelled", "EMPTY"), "DataError", "has no images"),
+    (("--unlabelled", "NOCT"), "DataError", "holds no CT"),
+])
+def test_bad_input_is_one_line_exit_2_and_leaves_no_run(site, capsys, extra, kind, words):
+    (site["tmp"] / "empty.json").write_text(json.dumps({"version": 1, "source": "x", "rows": []}))
+    (site["tmp"] / "noct").mkdir()
+    (site["tmp"] / "noct" / "notes.txt").write_text("x")
+    extra = [{"EMPTY": str(site["tmp"] / "empty.json"), "NOCT": str(site["tmp"] / "noct")}.get(x, x) for x in extra]
+    capsys.readouterr()
+    assert _cli(site, *extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "Fix:" in err[0], err
+    _no_run_left(site)
+
+
+def test_a_val_split_with_one_class_is_refused_before_any_run(site, capsys, tmp_path):
+    rows = json.loads(site["datalist"].read_text())["rows"]
+    for r in rows:
+        r["image"] = str(site["tmp"] / r["image"])
+        if r["split"] == "val":
+            r["label"] = 0
+    bad = tmp_path / "oneclass.json"
+    bad.write_text(json.dumps({"version": 1, "source": "x", "rows": rows}))
+    capsys.readouterr()
+    rc = main(["recalibrate", "--model", site["parent"], "--datalist", str(bad), "--tracking-uri", site["uri"]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "'val' split holds only label(s) [0]" in err[0] and "Fix:" in err[0]
+    _no_run_left(site)
 
 
 def test_recalibrate_user_errors(site, tmp_path):
@@ -119,32 +321,3 @@ def test_recalibrate_user_errors(site, tmp_path):
     torch.save({"weights": 1}, notck)
     with pytest.raises(ConfigError, match="not a lungcal stage-1 checkpoint"):
         recalibrate(str(notck), site["datalist"], tracking_uri=site["uri"])
-
-
-def test_recalibrate_scores_the_reference_temperature_and_inference_picks_by_site(site, capsys):
-    """With a reference TS run linked to the stage-1 run, the site's test split is also scored with
-    the reference temperature; afterwards the site's own temperature is found by site name."""
-    client = MlflowClient(site["uri"])
-    with RunTracker("nlst", "stage1+ts", tracking_uri=site["uri"], parent_run_id=site["parent"],
-                    tags={"lungcal.stage1": "focal", "lungcal.stage2": "ts"}) as tr:
-        tr.log_metrics({"temperature": 1.25})
-    stage1 = client.get_run(site["parent"])
-    assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)
-    assert linked_temperature(site["uri"], stage1, site="site-b") is None
-
-    rc = main(["recalibrate", "--model", site["parent"], "--datalist", str(site["datalist"]),
-               "--tracking-uri", site["uri"], "--output-dir", str(site["tmp"] / "out"), "--n-bootstrap", "0"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert "reference TS" in out and "reference T   1.250" in out
-    run = client.search_runs([stage1.info.experiment_id], "tags.`lungcal.site` = 'site-b'")[0]
-    m = run.data.metrics
-    logits, y = site["fake"]["test"]
-    expected = ece(probabilities(logits, 1.25), y.numpy(), n_bins=10)
-    assert m["reference_temperature"] == pytest.approx(1.25)
-    assert m["test_reference_ts/ece"] == pytest.approx(expected, abs=1e-6)
-    assert m["test_reference_ts/auc"] == pytest.approx(m["test/auc"])
-    # the reference stays the reference; the site's temperature is found by its name
-    assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)
-    assert linked_temperature(site["uri"], stage1, site="site-b") == pytest.approx(m["temperature"])
-    assert linked_temperature(site["uri"], stage1, site="elsewhere") is None
