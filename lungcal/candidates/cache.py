@@ -50,13 +50,14 @@ from tqdm.auto import tqdm
 
 from lungcal.candidates.bags import extract_bag
 from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.ct.masking import LungMasker
 from lungcal.ct.transforms import DEFAULT_HU_WINDOW, preprocess_ct
 from lungcal.ct.transforms import __file__ as _ct_transforms_file
 from lungcal.errors import CacheError, ConfigError, DataError
 from lungcal.paths import atomic_write
 
 __all__ = ["CACHE_VERSION", "code_fingerprint", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags",
-           "load_bag"]
+           "load_bag", "masker_config", "masker_from_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,8 @@ class BagParams:
         k: bag size K (candidates per CT).
         patch_size: patch edge P in voxels.
         detector: keyword arguments of :class:`LoGBlobDetector` (defaults filled in).
-        preprocess: extra keyword arguments passed through to ``preprocess_ct``.
+        preprocess: extra keyword arguments passed through to ``preprocess_ct``; a ``masker`` is
+            keyed by its settings (:func:`masker_config`), and only when it is not the default.
     """
 
     spacing: tuple[float, float, float] = (2.5, 2.5, 2.5)
@@ -125,11 +127,43 @@ class BagParams:
         }
 
     def preprocess_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``preprocess_ct``; a masker stored by its config becomes the masker again."""
+        extra = dict(self.preprocess)
+        if isinstance(extra.get("masker"), Mapping):
+            extra["masker"] = masker_from_config(extra["masker"])
         return {"spacing": tuple(self.spacing), "hu_window": tuple(self.hu_window),
-                "margin_mm": self.margin_mm, **dict(self.preprocess)}
+                "margin_mm": self.margin_mm, **extra}
+
+
+def masker_config(masker: Any) -> dict[str, Any] | None:
+    """What a lung masker contributes to the cache key: ``None`` for the default
+    :class:`~lungcal.ct.masking.LungMasker` (so the key of the default pipeline never changes),
+    else its ``config()`` (a plugged-in masker without one is keyed by its class and attributes)."""
+    if masker is None:
+        return None
+    cfg = masker.config() if callable(getattr(masker, "config", None)) else {
+        "class": f"{type(masker).__module__}.{type(masker).__qualname__}",
+        **{k: v for k, v in sorted(vars(masker).items()) if not k.startswith("_")}}
+    cfg = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else _jsonable(v)
+           for k, v in dict(cfg).items()}
+    return None if cfg == LungMasker().config() else cfg
+
+
+def masker_from_config(cfg: Mapping[str, Any]):
+    """The masker a :func:`masker_config` describes (built-in ``LungMasker`` settings only)."""
+    fields = {k: v for k, v in cfg.items() if k != "class"}
+    if cfg.get("class") != "LungMasker":
+        raise ConfigError(f"the bags were built with the lung masker {cfg.get('class')!r}, which the cache cannot "
+                          "rebuild from its settings", field="bag_params.preprocess.masker",
+                          fix="pass the same preprocessing (its masker object) to the step that builds the bags")
+    return LungMasker(**fields)
 
 
 def _jsonable(v):
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if callable(getattr(v, "config", None)) and not isinstance(v, type):  # a masker object: keyed by its settings
+        return _jsonable(v.config())
     if isinstance(v, (tuple, list, np.ndarray)):
         return [_jsonable(x) for x in v]
     if isinstance(v, (np.floating, np.integer)):

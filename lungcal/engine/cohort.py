@@ -4,12 +4,18 @@
 ``detector`` objects and builds (or reuses) one cached bag per CT with
 :func:`lungcal.candidates.cache.build_bags`. The cache key is unchanged from the name-based
 bundles: it hashes the bag parameters (spacing, HU window, K, P), the detector's settings and the
-code of ``lungcal.ct``, so entries written before the move are reused.
+code of ``lungcal.ct``, so entries written before the move are reused; a lung masker other than the
+default :class:`~lungcal.ct.masking.LungMasker` adds its settings to the key.
+
+With ``qc`` (the bundle's ``qc`` section) every CT goes through the series checks first
+(:mod:`lungcal.engine.series_qc`, cached per CT): a CT that fails a check is skipped, the count
+and a reason table are printed, and :meth:`CTCohort.log_qc` logs ``qc.csv`` to the run.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,16 +23,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from lungcal.candidates.cache import BagParams, build_bags, load_bag
+from lungcal.candidates.cache import BagParams, build_bags, load_bag, masker_config
 from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.ct.masking import LungMasker
+from lungcal.ct.qc import QCConfig
+from lungcal.ct.transforms import LungMaskd
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.data.synthetic import ensure_demo_cohort
 from lungcal.engine.bagset import BagSet
+from lungcal.engine.series_qc import log_warnings, qc_csv_rows, screen, skipped_table, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
 from lungcal.tracking import file_digest
 
-__all__ = ["SPLITS", "resolve_output_dir", "load_split", "ChainPreprocess", "CTCohort"]
+__all__ = ["SPLITS", "resolve_output_dir", "load_split", "ChainPreprocess", "CTCohort", "chain_masker"]
 
 SPLITS = ("train", "val", "test")
 
@@ -77,12 +87,14 @@ class CTCohort:
         output_dir: data and caches go under it (``data/``, ``cache/bags``).
         num_workers: bag-building processes (0 = in-process).
         demo_subjects: size of the synthetic cohort when it is generated (``None``: its default).
+        qc: series-check thresholds (:class:`~lungcal.ct.qc.QCConfig` or a mapping of its
+            fields): failing CTs are skipped; ``None`` checks nothing.
     """
 
     def __init__(self, datalist: str | None, preprocessing: Callable | None = None, detector: Any = None,
                  spacing: Sequence[float] = (2.5, 2.5, 2.5), hu_window: Sequence[float] = (-1000, 400), k: int = 8,
                  patch_size: int = 16, output_dir: str | os.PathLike | None = None, num_workers: int = 2,
-                 demo_subjects: int | None = None) -> None:
+                 demo_subjects: int | None = None, qc: QCConfig | Mapping[str, Any] | None = None) -> None:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
         if detector is not None and not isinstance(detector, LoGBlobDetector):
@@ -93,7 +105,14 @@ class CTCohort:
                            "k": int(k), "patch_size": int(patch_size)}
         if detector_kwargs != dataclasses.asdict(BagParams().make_detector()):
             self.bag_params["detector"] = detector_kwargs
+        self.masker = chain_masker(preprocessing)
+        key = masker_config(self.masker)
+        if key is not None:
+            self.bag_params["preprocess"] = {"masker": key}
         self.preprocess = ChainPreprocess(preprocessing) if preprocessing is not None else None
+        self.qc = None if qc is None else QCConfig.from_any(qc)
+        self.qc_rows: list[dict[str, str]] = []
+        self.skipped: list[str] = []
         self.num_workers = int(num_workers)
         self.demo_subjects = demo_subjects
         self.splits: dict[str, dict[str, Any]] = {}
@@ -133,11 +152,33 @@ class CTCohort:
         sites = sorted({str(r.get("site", "")) for r in rows if r.get("site")})
         self.site = ",".join(sites) if sites else "unknown"
         wanted = [r for s in splits for r in rows_for_split(rows, s)]
+        if self.qc is not None:
+            wanted = self._screen(wanted)
         built = build_bags(wanted, self.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers,
                            preprocess=self.preprocess)
         for s in splits:
             self.splits[s] = load_split([e for e in built if e.get("split") == s])
         return self
+
+    def _screen(self, rows: list[dict]) -> list[dict]:
+        """Run (or read back) the series checks; keep the rows that failed none."""
+        reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=self.masker or LungMasker(),
+                         num_workers=self.num_workers)
+        self.qc_rows = qc_csv_rows(rows, reports)
+        log_warnings(rows, reports)
+        table = skipped_table(rows, reports)
+        if table:
+            print(table, flush=True)
+        keep = [rep is None or not rep.failed for rep in reports]
+        self.skipped = [str(r.get("subject", "")) for r, k in zip(rows, keep) if not k]
+        return [r for r, k in zip(rows, keep) if k]
+
+    def log_qc(self, tracker: Any) -> None:
+        """Log ``qc.csv`` (pseudonym, check, verdict, value) to ``tracker``'s run, when the CTs were checked."""
+        if not self.qc_rows:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            tracker.log_artifact(write_qc_csv(Path(tmp) / "qc.csv", self.qc_rows))
 
     def split(self, name: str) -> dict[str, Any]:
         """The tensors of split ``name`` (``DataError`` when the datalist has none)."""
@@ -156,6 +197,14 @@ class CTCohort:
                augment: bool = False) -> torch.utils.data.DataLoader:
         """A single-process loader of split ``name``; shuffling uses its own generator seeded by ``seed``."""
         return make_loader(self.dataset(name, augment, seed), batch_size, shuffle, seed)
+
+
+def chain_masker(chain: Any) -> Any:
+    """The lung masker of a preprocessing chain (its :class:`~lungcal.ct.transforms.LungMaskd`'s), else None."""
+    for t in getattr(chain, "transforms", ()):
+        if isinstance(t, LungMaskd):
+            return t.masker
+    return None
 
 
 def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, shuffle: bool = False,

@@ -127,6 +127,7 @@ class Stage1Run:
             params = self.params()
             tracker.log_params(params)
             tracker.log_dict(self.resolved_config(), "config/resolved.json")
+            self.cohort.log_qc(tracker)  # qc.csv: the series checks of every CT (pseudonyms, no paths)
             self.trainer.run()
 
             best = torch.load(self.checkpoint.best_path, map_location="cpu", weights_only=True)

@@ -1,12 +1,32 @@
-"""The bag-extraction step keeps the cache key of the name-based bundles and refuses what the cache cannot key."""
+"""The bag-extraction step keeps the cache key of the name-based bundles and refuses what the cache cannot key;
+the lung masker is keyed by its settings; series checks skip failing rows (checked once per CT) and refuse them
+when scoring."""
 from __future__ import annotations
 
-import pytest
+import csv
+import io
+import json
+import logging
+import shutil
+from pathlib import Path
 
-from lungcal.candidates.cache import BagParams
+import pydicom
+import pytest
+from monai.bundle import ConfigParser
+
+from lungcal.candidates.cache import BagCache, BagParams, masker_config
 from lungcal.candidates.detector import LoGBlobDetector
-from lungcal.engine.cohort import CTCohort
+from lungcal.ct.masking import LungMasker
+from lungcal.ct.qc import QCConfig
+from lungcal.ct.transforms import build_preprocess
+from lungcal.data.synthetic import make_cohort
+from lungcal.engine import series_qc
+from lungcal.engine.cohort import CTCohort, chain_masker
 from lungcal.errors import ConfigError, DataError
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the cohort below is at 5 mm: thresholds that accept its slices and pixels
+TINY_QC = {"max_slice_thickness_mm": 6.0, "warn_slice_thickness_mm": 6.0, "max_pixel_mm": 6.0}
 
 #: the ``bag_params`` of bundles/nlst_*.json before the pipeline moved into config
 NAME_BASED = {"spacing": [2.5, 2.5, 2.5], "hu_window": [-1000, 400], "k": 8, "patch_size": 16}
@@ -27,3 +47,109 @@ def test_a_detector_the_cache_cannot_key_is_a_config_error(tmp_path):
 def test_missing_datalist_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="datalist not found"):
         CTCohort(str(tmp_path / "none.json"), output_dir=tmp_path).load()
+
+
+# --- the lung masker in the cache key ---------------------------------------------------------------------------
+def test_the_default_masker_object_keeps_the_key_and_another_masker_changes_it(tmp_path):
+    default = CTCohort(None, preprocessing=build_preprocess((2.5, 2.5, 2.5), (-1000, 400), masker=LungMasker()),
+                       detector=LoGBlobDetector(), output_dir=tmp_path)
+    assert chain_masker(default.preprocess.chain) == LungMasker()
+    assert BagParams.from_any(default.bag_params).resolved() == BagParams.from_any(NAME_BASED).resolved()
+    other = CTCohort(None, preprocessing=build_preprocess((2.5, 2.5, 2.5), (-1000, 400),
+                                                          masker=LungMasker(threshold=-450)),
+                     detector=LoGBlobDetector(), output_dir=tmp_path)
+    assert other.bag_params["preprocess"]["masker"]["threshold"] == -450.0
+    image = tmp_path / "ct.nii.gz"
+    image.write_bytes(b"same source")
+    cache = BagCache(tmp_path / "bags")
+    assert cache.key(image, other.bag_params) != cache.key(image, default.bag_params)
+    # the stored bag_params (a checkpoint's JSON) rebuild the same masker for inference
+    stored = BagParams.from_any(json.loads(json.dumps(other.bag_params)))
+    assert stored.preprocess_kwargs()["masker"] == LungMasker(threshold=-450)
+    assert cache.key(image, stored) == cache.key(image, other.bag_params)
+    assert masker_config(LungMasker(threshold=-400)) is None  # an int from JSON is still the default
+
+
+def test_the_bundle_sections_hold_the_documented_defaults():
+    common = json.loads((ROOT / "bundles" / "ct_common.json").read_text())
+    parser = ConfigParser({"qc": common["qc"], "masker": common["preprocessing"]["masker"]})
+    assert parser.get_parsed_content("qc") == QCConfig()
+    assert parser.get_parsed_content("masker") == LungMasker()
+    assert common["cohort"]["qc"] == common["inference"]["qc"] == "@qc"
+
+
+# --- series checks over a datalist -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cut_cohort(tmp_path_factory) -> tuple[Path, str]:
+    """A 6-CT synthetic cohort at 5 mm whose first train CT lost its top 40 mm (the apices)."""
+    root = tmp_path_factory.mktemp("cohort6")
+    path = Path(make_cohort(root, n_subjects=6, prevalence=0.5, seed=3, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),
+                            formats=("dicom",), progress=False))
+    data = json.loads(path.read_text())
+    row = next(r for r in data["rows"] if r["split"] == "train")
+    src, dst = path.parent / row["image"], root / "apexless_ct"
+    dst.mkdir()
+    files = sorted(src.iterdir(), key=_z_of)  # the top (superior) slices last
+    for f in files[:-8]:
+        shutil.copy(f, dst / f.name)
+    row["image"] = str(dst)
+    path.write_text(json.dumps(data))
+    return path, row["subject"]
+
+
+def _z_of(f: Path) -> float:
+    return float(pydicom.dcmread(f, stop_before_pixels=True).ImagePositionPatient[2])
+
+
+class _Tracker:
+    def __init__(self):
+        self.logged = {}
+
+    def log_artifact(self, path, artifact_path=None):
+        self.logged[Path(path).name] = Path(path).read_text()
+
+
+def test_failing_rows_are_skipped_with_a_reason_table_and_checked_once(cut_cohort, tmp_path, capsys, monkeypatch):
+    path, cut = cut_cohort
+    cohort = CTCohort(str(path), spacing=(5.0, 5.0, 5.0), patch_size=8, output_dir=tmp_path, num_workers=0,
+                      qc=TINY_QC).load()
+    out = capsys.readouterr().out
+    assert "1 of 6 CT(s) skipped" in out and "lung_coverage" in out and "apex" in out
+    assert cohort.skipped == [cut]
+    used = [s for split in cohort.splits.values() for s in split["subjects"]]
+    assert len(used) == 5 and cut not in used
+    tracker = _Tracker()
+    cohort.log_qc(tracker)
+    rows = list(csv.DictReader(io.StringIO(tracker.logged["qc.csv"])))
+    assert set(rows[0]) == {"pseudonym", "check", "verdict", "value"} and len(rows) == 6 * 8
+    assert {(r["check"], r["verdict"]) for r in rows if r["pseudonym"] == cut} >= {("lung_coverage", "fail")}
+    assert str(path.parent) not in tracker.logged["qc.csv"] and "apexless" not in tracker.logged["qc.csv"]
+    assert len(list((tmp_path / "cache" / "qc").glob("*.json"))) == 6
+    # warm: the stored reports are read back, nothing is checked again
+    monkeypatch.setattr(series_qc, "check_series", lambda *a, **k: pytest.fail("checked a CT twice"))
+    again = CTCohort(str(path), spacing=(5.0, 5.0, 5.0), patch_size=8, output_dir=tmp_path, num_workers=2,
+                     qc=TINY_QC).load()
+    assert again.skipped == [cut] and again.qc_rows == cohort.qc_rows
+    # other thresholds are another report: the default 3 mm limit refuses every 5 mm CT
+    monkeypatch.undo()
+    with pytest.raises(DataError, match="no 'train' rows"):
+        CTCohort(str(path), spacing=(5.0, 5.0, 5.0), output_dir=tmp_path, num_workers=0, qc={}).split("train")
+    assert "6 of 6 CT(s) skipped" in capsys.readouterr().out
+
+
+def test_scoring_refuses_a_failing_series_naming_pseudonym_check_and_value(cut_cohort, tmp_path, caplog):
+    path, cut = cut_cohort
+    rows = json.loads(path.read_text())["rows"]
+    for r in rows:
+        r["image"] = str(Path(r["image"]) if Path(r["image"]).is_absolute() else path.parent / r["image"])
+    reports = series_qc.screen(rows, TINY_QC, tmp_path / "qc")
+    with pytest.raises(DataError) as info:
+        series_qc.refuse_failed(rows, reports)
+    text = str(info.value)
+    assert cut in text and "lung_coverage" in text and "top 10" in text and "apexless" not in text
+    ok = [r for r, rep in zip(rows, reports) if not rep.failed]
+    series_qc.refuse_failed(ok, [rep for rep in reports if not rep.failed])  # nothing failed: no error
+    warned = QCConfig(warn_slice_thickness_mm=4.0, max_slice_thickness_mm=6.0, max_pixel_mm=6.0)
+    with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
+        assert series_qc.log_warnings(ok, series_qc.screen(ok, warned, tmp_path / "qc")) == len(ok)
+    assert all(str(path.parent) not in m for m in caplog.messages) and ok[0]["subject"] in caplog.text
