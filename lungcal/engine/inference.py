@@ -1,8 +1,9 @@
 """The run step of ``bundles/inference.json``: calibrated probabilities for new CTs, with a candidates table.
 
 The model is a stage-1 run or checkpoint (:func:`lungcal.engine.checkpoint.load_stage1`); with a
-run, the temperature of its linked TS run is applied: the reference one fitted by the stage-1
-bundle or, with ``site``, the one ``lungcal recalibrate`` fitted at that site.
+run, the calibrator of its linked post-hoc run is applied: the reference one fitted by the stage-1
+bundle (TS by default) or, with ``site``, whatever ``lungcal recalibrate`` stored at that site (TS,
+Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.site_calibrator`).
 """
 from __future__ import annotations
 
@@ -15,18 +16,22 @@ from typing import Any
 
 import torch
 
-from lungcal.candidates.cache import BagParams, build_bags
+from lungcal.candidates.cache import build_bags
 from lungcal.data.manifest import load_manifest
 from lungcal.engine.bagset import BagSet
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import load_split, resolve_output_dir
-from lungcal.engine.evaluate import probabilities
 from lungcal.engine.predict import predict
-from lungcal.engine.series_qc import log_warnings, refuse_failed, screen
+from lungcal.engine.site_calibrator import (
+    calibrated_probs,
+    reference_calibrator,
+    site_calibrator,
+    temperature_calibrator,
+)
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write
 from lungcal.runtime import resolve_device
-from lungcal.tracking import default_tracking_uri, linked_temperature
+from lungcal.tracking import default_tracking_uri
 
 __all__ = ["CT_SUFFIXES", "InferenceRun"]
 
@@ -43,20 +48,17 @@ class InferenceRun:
             folder directly inside it is one CT).
         stage1_run_id / checkpoint: the model (default: latest finished stage-1 run).
         temperature: overrides the temperature (1.0 = uncalibrated) when set.
-        site: use the temperature recalibrated at this site (``lungcal recalibrate``).
+        site: apply the calibrator ``lungcal recalibrate`` stored for this site (any kind).
         output: folder for ``predictions.csv`` and ``candidates/<subject>.csv``
             (default ``<output_dir>/inference/<timestamp>``).
         output_dir, tracking_uri, device, num_workers, batch_size: as for the stage-1 bundles.
-        qc: series-check thresholds (the bundle's ``qc`` section); a CT that fails a check is
-            refused (``DataError`` naming its pseudonym, the check and the measured value) before
-            anything is written; warnings are logged. ``None`` checks nothing.
     """
 
     def __init__(self, inputs: str | None = None, stage1_run_id: str | None = None, checkpoint: str | None = None,
                  temperature: float | None = None, output: str | None = None,
                  output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
                  device: str | None = "auto", num_workers: int = 2, batch_size: int = 16,
-                 site: str | None = None, qc: Any = None) -> None:
+                 site: str | None = None) -> None:
         if not inputs:
             raise ConfigError("no inputs given", field="inputs", fix="pass --inputs <datalist.json or folder of CTs>")
         self.output_dir = resolve_output_dir(output_dir)
@@ -68,7 +70,6 @@ class InferenceRun:
         self.output = Path(output) if output else self.output_dir / "inference" / time.strftime("%Y%m%d-%H%M%S")
         self.device = resolve_device(device)
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
-        self.qc = qc
 
     def rows(self) -> list[dict]:
         """Datalist rows of the inputs; a folder's CTs get pseudonyms by position (file names may carry identifiers)."""
@@ -85,58 +86,63 @@ class InferenceRun:
         return [{"image": str(p), "label": -1, "subject": f"ct{i:04d}", "site": "inference", "split": "test"}
                 for i, p in enumerate(cts)]
 
-    def resolve_temperature(self, run) -> float:
-        """The explicit temperature, else the run's linked (reference or site) TS temperature, else 1."""
+    def resolve_calibrator(self, run):
+        """The explicit temperature, else the site's stored calibrator (``site``), else the run's
+        reference calibrator; ``None`` (plain softmax) when there is none."""
         if self.temperature is not None:
-            return float(self.temperature)
+            return temperature_calibrator(float(self.temperature))
         if run is None:
             if self.site:
                 raise ConfigError("--site needs the model as an MLflow run", field="site",
                                   fix="pass --stage1_run_id, or --temperature <T> with a checkpoint")
-            return 1.0
-        temp = linked_temperature(self.tracking_uri, run, site=self.site)
-        if temp is not None:
-            return temp
+            return None
         if self.site:
-            raise ConfigError(f"run {run.info.run_id} has no finished TS run recalibrated at site {self.site!r}",
-                              field="site", fix=f"run `lungcal recalibrate --model {run.info.run_id} --datalist "
-                                                "<site.json>` first, or drop --site to use the reference temperature")
-        logger.warning("no finished TS run linked to %s: probabilities are uncalibrated", run.info.run_id)
-        return 1.0
+            cal = site_calibrator(self.tracking_uri, run, self.site)
+            if cal is None:
+                raise ConfigError(f"run {run.info.run_id} has no finished run recalibrated at site {self.site!r}",
+                                  field="site",
+                                  fix=f"run `lungcal recalibrate --model {run.info.run_id} --datalist <site.json>` "
+                                      "first, or drop --site to use the reference calibrator")
+            return cal
+        cal = reference_calibrator(self.tracking_uri, run)
+        if cal is None:
+            logger.warning("no finished calibrator run linked to %s: probabilities are uncalibrated", run.info.run_id)
+        return cal
+
+    def resolve_temperature(self, run) -> float:
+        """The temperature that :meth:`resolve_calibrator` applies (nan when it is not a TS)."""
+        cal = self.resolve_calibrator(run)
+        return 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
 
     def run(self) -> dict[str, Any]:
         """Write ``predictions.csv`` (subject, probability, temperature) and per-CT candidate tables."""
         rows = self.rows()
         stage1 = load_stage1(self.stage1_run_id, self.tracking_uri, checkpoint=self.checkpoint, device=self.device)
-        temp = self.resolve_temperature(stage1.run)
+        cal = self.resolve_calibrator(stage1.run)
+        temp = 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
+        cal_name = "none" if cal is None else str(cal.name)
         for r in rows:
             r.setdefault("label", -1)
-        if self.qc is not None:  # scoring refuses a series that fails a check; warnings are logged
-            masker = BagParams.from_any(stage1.bag_params).preprocess_kwargs().get("masker")
-            reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=masker,
-                             num_workers=self.num_workers)
-            log_warnings(rows, reports)
-            refuse_failed(rows, reports)
         built = build_bags(rows, stage1.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers)
         split = load_split(built)
         labels = torch.zeros(len(built), dtype=torch.long)
         loader = torch.utils.data.DataLoader(BagSet(split["bags"], split["mask"], labels), batch_size=self.batch_size,
                                              shuffle=False)
         out = predict(stage1.network, loader, self.device)
-        p = probabilities(out["logits"], temp)[:, 1]
-        self._write(split, out["attention"], p, temp)
-        print(f"== lungcal inference ==\n  {len(rows)} CT(s), temperature {temp:.3f}\n  written to {self.output}",
+        p = calibrated_probs(cal, out["logits"])[:, 1]
+        self._write(split, out["attention"], p, temp, cal_name)
+        print(f"== lungcal inference ==\n  {len(rows)} CT(s), calibrator {cal!r}\n  written to {self.output}",
               flush=True)
-        return {"output": str(self.output), "temperature": temp, "probabilities": p.tolist()}
+        return {"output": str(self.output), "temperature": temp, "calibrator": cal_name, "probabilities": p.tolist()}
 
-    def _write(self, split, attention: torch.Tensor, p, temp: float) -> None:
+    def _write(self, split, attention: torch.Tensor, p, temp: float, cal_name: str = "ts") -> None:
         with atomic_write(self.output / "predictions.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["subject", "probability", "temperature", "top_candidate", "top_attention"])
+            w.writerow(["subject", "probability", "temperature", "top_candidate", "top_attention", "calibrator"])
             for i, subj in enumerate(split["subjects"]):
                 att = attention[i].numpy()
                 j = int(att.argmax())
-                w.writerow([subj, f"{p[i]:.6f}", f"{temp:.4f}", j, f"{att[j]:.6f}"])
+                w.writerow([subj, f"{p[i]:.6f}", "" if temp != temp else f"{temp:.4f}", j, f"{att[j]:.6f}", cal_name])
         for i, subj in enumerate(split["subjects"]):
             c, att = split["candidates"][i], attention[i].numpy()
             with atomic_write(self.output / "candidates" / f"{subj}.csv", "w", newline="") as f:
