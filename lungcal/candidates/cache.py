@@ -130,7 +130,7 @@ class BagParams:
         """Keyword arguments of ``preprocess_ct``; a masker stored by its config becomes the masker again."""
         extra = dict(self.preprocess)
         if isinstance(extra.get("masker"), Mapping):
-            extra["masker"] = masker_from_config(extra["masker"])
+            extra["masker"] = masker_from_config(extra["masker"], strict=False)
         return {"spacing": tuple(self.spacing), "hu_window": tuple(self.hu_window),
                 "margin_mm": self.margin_mm, **extra}
 
@@ -138,25 +138,44 @@ class BagParams:
 def masker_config(masker: Any) -> dict[str, Any] | None:
     """What a lung masker contributes to the cache key: ``None`` for the default
     :class:`~lungcal.ct.masking.LungMasker` (so the key of the default pipeline never changes),
-    else its ``config()`` (a plugged-in masker without one is keyed by its class and attributes)."""
+    else its ``config()`` (a plugged-in masker without one is keyed by its class and its plain
+    attributes: numbers, strings, lists; give it a ``config()`` when more than those shapes its masks)."""
     if masker is None:
         return None
     cfg = masker.config() if callable(getattr(masker, "config", None)) else {
         "class": f"{type(masker).__module__}.{type(masker).__qualname__}",
-        **{k: v for k, v in sorted(vars(masker).items()) if not k.startswith("_")}}
+        **{k: v for k, v in sorted(vars(masker).items())
+           if not k.startswith("_") and isinstance(v, (str, int, float, bool, type(None), list, tuple))}}
     cfg = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else _jsonable(v)
            for k, v in dict(cfg).items()}
     return None if cfg == LungMasker().config() else cfg
 
 
-def masker_from_config(cfg: Mapping[str, Any]):
-    """The masker a :func:`masker_config` describes (built-in ``LungMasker`` settings only)."""
+def masker_from_config(cfg: Mapping[str, Any], strict: bool = True):
+    """The masker a :func:`masker_config` describes. Only the built-in ``LungMasker`` can be rebuilt
+    from its settings; another one raises :class:`ConfigError` (``strict``) or comes back as a
+    stand-in that keeps its key and raises that error when it is called (a bag builder given its
+    own preprocessing never calls it)."""
     fields = {k: v for k, v in cfg.items() if k != "class"}
     if cfg.get("class") != "LungMasker":
-        raise ConfigError(f"the bags were built with the lung masker {cfg.get('class')!r}, which the cache cannot "
+        error = ConfigError(f"the bags were built with the lung masker {cfg.get('class')!r}, which the cache cannot "
                           "rebuild from its settings", field="bag_params.preprocess.masker",
                           fix="pass the same preprocessing (its masker object) to the step that builds the bags")
+        if strict:
+            raise error
+        return _UnbuiltMasker(dict(cfg), error)
     return LungMasker(**fields)
+
+
+class _UnbuiltMasker:
+    def __init__(self, cfg: dict, error: ConfigError) -> None:
+        self.cfg, self.error = cfg, error
+
+    def config(self) -> dict:
+        return dict(self.cfg)
+
+    def __call__(self, hu, spacing):
+        raise self.error
 
 
 def _jsonable(v):

@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from lungcal.candidates.cache import build_bags
+from lungcal.candidates.cache import BagParams, build_bags, masker_from_config
 from lungcal.data.manifest import load_manifest
 from lungcal.engine.bagset import BagSet
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import load_split, resolve_output_dir
 from lungcal.engine.predict import predict
+from lungcal.engine.series_qc import log_warnings, refuse_failed, screen
 from lungcal.engine.site_calibrator import (
     calibrated_probs,
     reference_calibrator,
@@ -52,13 +53,16 @@ class InferenceRun:
         output: folder for ``predictions.csv`` and ``candidates/<subject>.csv``
             (default ``<output_dir>/inference/<timestamp>``).
         output_dir, tracking_uri, device, num_workers, batch_size: as for the stage-1 bundles.
+        qc: series-check thresholds (the bundle's ``qc`` section); a CT that fails a check is
+            refused (``DataError`` naming its pseudonym, the check and the measured value) before
+            anything is written; warnings are logged. ``None`` checks nothing.
     """
 
     def __init__(self, inputs: str | None = None, stage1_run_id: str | None = None, checkpoint: str | None = None,
                  temperature: float | None = None, output: str | None = None,
                  output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
                  device: str | None = "auto", num_workers: int = 2, batch_size: int = 16,
-                 site: str | None = None) -> None:
+                 site: str | None = None, qc: Any = None) -> None:
         if not inputs:
             raise ConfigError("no inputs given", field="inputs", fix="pass --inputs <datalist.json or folder of CTs>")
         self.output_dir = resolve_output_dir(output_dir)
@@ -70,6 +74,7 @@ class InferenceRun:
         self.output = Path(output) if output else self.output_dir / "inference" / time.strftime("%Y%m%d-%H%M%S")
         self.device = resolve_device(device)
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
+        self.qc = qc
 
     def rows(self) -> list[dict]:
         """Datalist rows of the inputs; a folder's CTs get pseudonyms by position (file names may carry identifiers)."""
@@ -123,6 +128,13 @@ class InferenceRun:
         cal_name = "none" if cal is None else str(cal.name)
         for r in rows:
             r.setdefault("label", -1)
+        if self.qc is not None:  # scoring refuses a series that fails a check; warnings are logged
+            stored = BagParams.from_any(stage1.bag_params).preprocess.get("masker")  # None: the default
+            masker = masker_from_config(stored) if stored else None
+            reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=masker,
+                             num_workers=self.num_workers)
+            log_warnings(rows, reports)
+            refuse_failed(rows, reports)
         built = build_bags(rows, stage1.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers)
         split = load_split(built)
         labels = torch.zeros(len(built), dtype=torch.long)

@@ -14,7 +14,7 @@ import pydicom
 import pytest
 from monai.bundle import ConfigParser
 
-from lungcal.candidates.cache import BagCache, BagParams, masker_config
+from lungcal.candidates.cache import BagCache, BagParams, masker_config, masker_from_config
 from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCConfig
@@ -153,3 +153,22 @@ def test_scoring_refuses_a_failing_series_naming_pseudonym_check_and_value(cut_c
     with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
         assert series_qc.log_warnings(ok, series_qc.screen(ok, warned, tmp_path / "qc")) == len(ok)
     assert all(str(path.parent) not in m for m in caplog.messages) and ok[0]["subject"] in caplog.text
+
+
+def test_a_plugged_in_masker_is_keyed_by_its_settings_and_scoring_cannot_rebuild_it(tmp_path):
+    class Wrapped:  # a learned segmenter's wrapper: plain settings plus an unpicklable model
+        def __init__(self):
+            self.weights, self.model = "/models/unet.pth", object()
+
+        def __call__(self, hu, spacing):
+            return hu < -400
+
+    cohort = CTCohort(None, preprocessing=build_preprocess(2.5, (-1000, 400), masker=Wrapped()), output_dir=tmp_path)
+    key = cohort.bag_params["preprocess"]["masker"]
+    assert key["class"].endswith("Wrapped") and key["weights"] == "/models/unet.pth" and "model" not in key
+    stored = BagParams.from_any(json.loads(json.dumps(cohort.bag_params)))
+    stand_in = stored.preprocess_kwargs()["masker"]  # the bag builder gets the cohort's own chain: never called
+    with pytest.raises(ConfigError, match="cannot rebuild"):
+        stand_in(None, None)
+    with pytest.raises(ConfigError, match="cannot rebuild"):
+        masker_from_config(key)
