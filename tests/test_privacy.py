@@ -46,7 +46,10 @@ def test_no_planted_identifier_anywhere(cohort, tmp_path):
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/nlst_ce.json",
            "--datalist", str(cohort), "--output_dir", str(out), "--epochs", "1", "--n_bootstrap", "10",
            "--num_workers", "0", "--batch_size", "4",
-           "--bag_params", '{"spacing": [5.0, 5.0, 5.0], "hu_window": [-1000, 400], "k": 8, "patch_size": 8}']
+           "--spacing", "[5.0, 5.0, 5.0]", "--patch_size", "8",
+           # the 5 mm cohort: series checks that accept its slices and pixels (the defaults refuse both)
+           "--qc", json.dumps({"_target_": "lungcal.ct.qc.QCConfig", "max_slice_thickness_mm": 6.0,
+                               "warn_slice_thickness_mm": 6.0, "max_pixel_mm": 6.0})]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = proc.stdout + proc.stderr
