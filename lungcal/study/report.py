@@ -8,6 +8,8 @@ groups the stage-2 methods (none, TS, LAS), cells ACC, AUC and ECE with their 95
 * The best-calibrated configuration is marked only when its ECE CI lies wholly below every other
   configuration's ECE CI (``ece_ci_high`` < every other ``ece_ci_low``); otherwise nothing is
   marked and the report says so.
+* Binary runs that logged them also show the clinical calibration measures (calibration slope,
+  calibration intercept, observed/expected ratio; ``{split}/cal_slope`` etc.) with their CIs.
 * For CIFAR-10 / CIFAR-10-LT the study's published numbers (``published_results.csv``, shipped in
   the package) are shown side by side; unknown published cells stay empty.
 * It writes ``report.md``, ``report.csv`` and a self-contained ``report.html`` (reliability
@@ -65,6 +67,9 @@ STAGE1_LABEL = {"ce": "CE", "focal": "Focal", "focal_adaptive": "Focal (adaptive
                 "focal_mixup": "Focal+Mixup"}
 STAGE2_LABEL = {"none": "none", "ts": "TS", "las": "LAS"}
 METRICS = ("acc", "auc", "ece")
+#: clinical calibration measures, shown where a run logged them (binary tasks)
+CLINICAL_METRICS = ("cal_slope", "cal_intercept", "oe_ratio")
+METRIC_LABEL = {"cal_slope": "slope", "cal_intercept": "intercept", "oe_ratio": "O/E"}
 PERCENT_METRICS = ("acc", "ece")  # shown ×100
 PUBLISHED_DATASETS = ("cifar10", "cifar10lt", "nlst", "ucd")
 
@@ -205,7 +210,8 @@ def collect_tables(experiment: str, *, tracking_uri: str | None = None, split: s
             nan = float("nan")
             table[key] = Cell(dataset, key[0], key[1], run.info.run_id, {
                 name: (m.get(f"{split}/{name}", nan), m.get(f"{split}/{name}_ci_low", nan),
-                       m.get(f"{split}/{name}_ci_high", nan)) for name in METRICS if f"{split}/{name}" in m})
+                       m.get(f"{split}/{name}_ci_high", nan)) for name in METRICS + CLINICAL_METRICS
+                if f"{split}/{name}" in m})
         page_token = page.token
         if not page_token:
             break
@@ -252,13 +258,16 @@ def _columns(table: StudyTable) -> list[tuple[str, str, str]]:
             if table.has_published and m in PERCENT_METRICS and any(
                     k[1] == s2 and k[2] == m for k in table.published):
                 cols.append((s2, "published", m))
+        for m in CLINICAL_METRICS:
+            if any(c.stage2 == s2 and m in c.metrics for c in table.cells.values()):
+                cols.append((s2, "ours", m))
     return cols
 
 
 def _header(col: tuple[str, str, str]) -> str:
     s2, kind, m = col
     unit = " %" if m in PERCENT_METRICS else ""
-    name = m.upper() + unit
+    name = METRIC_LABEL.get(m, m.upper()) + unit
     return f"{STAGE2_LABEL.get(s2, s2)}: {name}" + (" (published)" if kind == "published" else "")
 
 
@@ -320,7 +329,7 @@ def write_csv(tables: list[StudyTable], path: str | Path) -> Path:
     """One row per configuration (ours, and published-only rows), metrics as fractions, published in %."""
     path = Path(path)
     fields = ["dataset", "stage1", "stage2", "run_id"]
-    for m in METRICS:
+    for m in METRICS + CLINICAL_METRICS:
         fields += [m, f"{m}_ci_low", f"{m}_ci_high"]
     fields += ["best_calibrated", "published_acc", "published_ece"]
     with path.open("w", newline="") as fh:
@@ -339,8 +348,8 @@ def write_csv(tables: list[StudyTable], path: str | Path) -> Path:
                            "best_calibrated": int(cell is not None and cell is best),
                            "published_acc": "" if pub["acc"] is None else pub["acc"],
                            "published_ece": "" if pub["ece"] is None else pub["ece"]}
-                    for m in METRICS:
-                        v = cell.get(m) if cell else (float("nan"),) * 3
+                    for m in METRICS + CLINICAL_METRICS:
+                        v = cell.get(m) if cell and m in cell.metrics else (float("nan"),) * 3
                         for suffix, x in zip(("", "_ci_low", "_ci_high"), v):
                             row[m + suffix] = "" if math.isnan(x) else repr(float(x))
                     w.writerow(row)
