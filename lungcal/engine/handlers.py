@@ -5,6 +5,7 @@ run (:meth:`EpochMetricsLogger.bind`, :meth:`AtomicCheckpoint.bind`) just before
 """
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -17,6 +18,7 @@ import torch
 from ignite.engine import Events
 from torch import nn
 
+from lungcal.engine.resume import OutputError
 from lungcal.paths import atomic_write
 
 __all__ = ["atomic_torch_save", "EpochMetricsLogger", "AtomicCheckpoint"]
@@ -25,9 +27,18 @@ logger = logging.getLogger(__name__)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` through :func:`lungcal.paths.atomic_write` (never half a file)."""
-    with atomic_write(path) as f:
-        torch.save(obj, f)
+    """``torch.save`` through :func:`lungcal.paths.atomic_write` (never half a file).
+
+    Raises:
+        OutputError: the write failed (a full disk); ``path`` keeps its previous content.
+    """
+    try:
+        with atomic_write(path) as f:
+            torch.save(obj, f)
+    except OSError as exc:
+        raise OutputError(f"cannot write checkpoint ({'disk full' if exc.errno == errno.ENOSPC else exc.strerror})"
+                          "; the previous checkpoint is kept", file=path,
+                          fix="free disk space or pass --output_dir on another disk, then rerun (it resumes)") from exc
     return Path(path)
 
 
@@ -127,6 +138,13 @@ class AtomicCheckpoint:
     def _payload(self, epoch: int, metric: float) -> dict:
         sd = {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
         return {"state_dict": sd, "epoch": int(epoch), "metric": float(metric), **self.extra}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best-so-far metric and epoch (saved in the resume state)."""
+        return {"best_metric": float(self.best_metric), "best_epoch": int(self.best_epoch)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best_metric, self.best_epoch = float(state["best_metric"]), int(state["best_epoch"])
 
     def attach(self, trainer) -> None:
         self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._on_val, trainer)

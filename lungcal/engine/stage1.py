@@ -6,6 +6,13 @@ the MLflow run, bind the checkpoint and epoch-logging handlers to it, train, rel
 checkpoint, evaluate the test split with bootstrap CIs, run the post-hoc calibrators
 (:mod:`lungcal.engine.posthoc`) and print the summary.
 
+Resume (:mod:`lungcal.engine.resume`): rerunning the same bundle with the same settings after an
+interruption continues from the last complete epoch into the same MLflow run; ``resume: false``
+starts afresh. Fine-tuning: ``init_run_id`` / ``init_checkpoint`` start from a trained stage-1
+model's weights (encoder + head; the encoder frozen with ``freeze_encoder``), tagged
+``lungcal.init_run``; the parent model's metrics on the site's validation split, before any
+training, are logged as ``val_init/*``.
+
 Reproducibility: the bundle seeds the global RNG before it builds the network (``initialize``);
 this step seeds it again just before training, as the name-based bundles did, and the loaders,
 the augmentation and the mixup draws use their own seeded generators.
@@ -22,28 +29,41 @@ import torch
 from torch import nn
 
 from lungcal.engine.bundle_config import active_config, hyperparameters, resolved_section, unused_keys
+from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.handlers import AtomicCheckpoint, EpochMetricsLogger
 from lungcal.engine.posthoc import run_post_hoc
 from lungcal.engine.predict import predict
+from lungcal.engine.resume import (
+    IDENTITY_EXCLUDE,
+    RandomState,
+    StepFilter,
+    TrainingResume,
+    as_bool,
+    generators_of,
+    run_identity,
+)
 from lungcal.engine.summary import summary_lines
 from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device, seed_everything
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
+    TAG_INIT_RUN,
+    TAG_RESUMED_FROM,
     TAG_SITE,
     TAG_STAGE1,
     TAG_STAGE2,
     RunTracker,
     default_tracking_uri,
+    file_digest,
 )
 
 __all__ = ["PRIVATE_KEYS", "Stage1Run"]
 
 #: bundle keys never logged as they are (paths may carry identifiers); the datalist is logged as source + hash
-PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint")
+PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint", "init_checkpoint")
 
 
 class Stage1Run:
@@ -64,6 +84,10 @@ class Stage1Run:
         n_bins, n_bootstrap, seed, device: test report and reproducibility.
         network_def: the network's config for the checkpoint (default: the bundle's ``network_def``).
         config: the bundle config for params and the resolved-config artifact (default: the running bundle's).
+        lr_scheduler: the trainer's LR scheduler (bundle ``lr_scheduler``), saved in the resume state.
+        resume: continue an interrupted run of the same config (default); ``False`` starts afresh.
+        init_run_id / init_checkpoint: fine-tune from this stage-1 run's (or file's) weights.
+        freeze_encoder: with an init model, train only the head (the encoder's weights stay).
     """
 
     def __init__(self, network: nn.Module, trainer, cohort: CTCohort, checkpoint: AtomicCheckpoint,
@@ -71,7 +95,9 @@ class Stage1Run:
                  batch_size: int = 16, output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
                  run_name: str | None = None, n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0,
                  device: str | None = "auto", network_def: Mapping[str, Any] | None = None,
-                 config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT) -> None:
+                 config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT, lr_scheduler=None,
+                 resume: bool = True, init_run_id: str | None = None, init_checkpoint: str | None = None,
+                 freeze_encoder: bool = False) -> None:
         if int(epochs) < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}", field="epochs", fix="set epochs to 1 or more")
         self.network, self.trainer, self.cohort = network, trainer, cohort
@@ -93,7 +119,47 @@ class Stage1Run:
                                   "network_def / loss / optimizer (see bundles/ct_common.json)")
         self.loss_def = resolved_section("loss")
         self.experiment = experiment
+        self.lr_scheduler, self.resume = lr_scheduler, as_bool(resume, "resume")
+        self.init_run_id, self.init_checkpoint = init_run_id or None, init_checkpoint or None
+        self.freeze_encoder = as_bool(freeze_encoder, "freeze_encoder")
+        if self.freeze_encoder and not (self.init_run_id or self.init_checkpoint):
+            raise ConfigError("freeze_encoder needs a trained model to start from", field="freeze_encoder",
+                              fix="set init_run_id or init_checkpoint, or freeze_encoder false")
         self.result: dict[str, Any] = {}
+
+    def identity(self) -> str:
+        """The run's identity (:func:`~lungcal.engine.resume.run_identity`): config + params, no paths/run name."""
+        cfg = self.resolved_config()
+        cfg["params"] = {k: v for k, v in cfg["params"].items() if k not in IDENTITY_EXCLUDE}
+        return run_identity({**cfg["config"], "_params": cfg["params"]})
+
+    def training_state(self) -> TrainingResume:
+        """The resume state of this run: model, optimizer, scheduler, trainer, best metric, every RNG."""
+        evaluator = self.checkpoint.evaluator
+        rng = RandomState(generators_of(self.trainer.data_loader, self.trainer._process_function,
+                                        evaluator.data_loader))
+        objects = {"model": self.network, "optimizer": self.trainer.optimizer, "lr_scheduler": self.lr_scheduler,
+                   "trainer": self.trainer, "best": self.checkpoint, "rng": rng,
+                   "scaler": getattr(self.trainer, "scaler_", None)}
+        return TrainingResume(self.output_dir / "resume" / self.identity(), objects, enabled=self.resume)
+
+    def load_init(self) -> str | None:
+        """Load the ``init_run_id`` / ``init_checkpoint`` weights into the network; returns the tag value."""
+        if not (self.init_run_id or self.init_checkpoint):
+            return None
+        field = "init_checkpoint" if self.init_checkpoint else "init_run_id"
+        parent = load_stage1(self.init_run_id, self.tracking_uri, checkpoint=self.init_checkpoint, device="cpu",
+                             field=field)
+        try:
+            self.network.load_state_dict(parent.network.state_dict())
+        except RuntimeError as exc:
+            why = str(exc).splitlines()[0]
+            raise ConfigError(f"the {field} model does not fit this bundle's network_def ({why})", field=field,
+                              fix="fine-tune with the parent's network_def (same encoder and head)") from exc
+        if self.freeze_encoder:
+            for p in self.network.encoder.parameters():
+                p.requires_grad_(False)
+        return parent.run_id or f"checkpoint:{file_digest(self.init_checkpoint)}"
 
     def _tags(self, stage2: str) -> dict[str, str]:
         return {TAG_DATASET: self.cohort.source, TAG_STAGE1: self.method, TAG_STAGE2: stage2,
@@ -113,22 +179,41 @@ class Stage1Run:
         cfg["datalist"] = {"source": self.cohort.source, "sha256": self.cohort.digest}
         return {"config": cfg, "params": self.params()}
 
+    def _log_init_validation(self, tracker: RunTracker) -> None:
+        """``val_init/*``: the parent model, before fine-tuning, on this site's validation split."""
+        val = self.cohort.splits["val"]
+        logits = predict(self.network, self.cohort.loader("val", self.batch_size), self.device)["logits"]
+        rep = evaluate_probs(probabilities(logits), val["labels"], n_bins=self.n_bins, n_bootstrap=0, seed=self.seed)
+        tracker.log_report("val_init", {k: v for k, v in rep.items() if "_ci_" not in k})
+
     def run(self) -> dict[str, Any]:
         """Train, evaluate on test, fit the post-hoc calibrators on validation, log, print a summary."""
         self.cohort.load()
         seed_everything(self.seed)
         net = self.network
+        init = self.load_init()
+        state = self.training_state()
+        previous = state.run_id()
         with RunTracker(self.experiment, self.run_name, tracking_uri=self.tracking_uri,
-                        tags=self._tags("none")) as tracker:
+                        tags=self._tags("none"), run_id=previous) as tracker:
             ckdir = self.output_dir / "checkpoints" / tracker.run_id
             self.checkpoint.bind(ckdir, extra={"network_def": self.network_def, "method": self.method,
                                                "bag_params": json.dumps(self.cohort.bag_params)})
-            self.epoch_logger.bind(tracker.log_metrics)
+            self.epoch_logger.bind(StepFilter(tracker.log_metrics, tracker.client, previous))
             params = self.params()
-            tracker.log_params(params)
-            tracker.log_dict(self.resolved_config(), "config/resolved.json")
-            self.cohort.log_qc(tracker)  # qc.csv: the series checks of every CT (pseudonyms, no paths)
-            self.trainer.run()
+            resumed = state.load()
+            if resumed:
+                tracker.set_tags({TAG_RESUMED_FROM: str(resumed)})
+            else:
+                tracker.log_params(params)
+                tracker.log_dict(self.resolved_config(), "config/resolved.json")
+                self.cohort.log_qc(tracker)  # qc.csv: the series checks of every CT (pseudonyms, no paths)
+                if init:
+                    tracker.set_tags({TAG_INIT_RUN: init})
+                    self._log_init_validation(tracker)
+            state.attach(self.trainer, tracker.run_id)
+            if resumed < self.trainer.state.max_epochs:
+                self.trainer.run()
 
             best = torch.load(self.checkpoint.best_path, map_location="cpu", weights_only=True)
             net.load_state_dict(best["state_dict"])
@@ -155,7 +240,7 @@ class Stage1Run:
                             tracking_uri=self.tracking_uri, workdir=ckdir / "eval", title=self.method,
                             experiment=self.experiment)
         self.result = {"stage1_run_id": stage1_id, "test": rep_test, "checkpoint": str(self.checkpoint.best_path),
-                       "post_hoc": {r["name"]: r for r in post}}
+                       "post_hoc": {r["name"]: r for r in post}, "resumed_from_epoch": resumed}
         title = f"{self.method} (stage 1)" + "".join(f" + {r['name'].upper()}" for r in post)
         rows = [(self.method, rep_test)] + [(f"{self.method}+{r['name'].upper()}", r["test"]) for r in post]
         text = summary_lines(title, rows, self.output_dir, self.tracking_uri, [stage1_id] + [r["run_id"] for r in post])
@@ -163,5 +248,8 @@ class Stage1Run:
             if r["temperature"] is not None:
                 self.result.update(ts_run_id=r["run_id"], temperature=r["temperature"], test_ts=r["test"])
                 text += f"\n  temperature   {r['temperature']:.3f}"
+        if resumed:
+            text += f"\n  resumed from epoch {resumed}"
         print(text, flush=True)
+        state.clear()
         return self.result

@@ -23,6 +23,7 @@ __all__ = [
     "TAG_OWNER_START",
     "TAG_ENDED_BY",
     "TAG_RESUMED_FROM",
+    "TAG_INIT_RUN",
     "MLFLOW_PARENT",
     "MLFLOW_EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TRAINING",
@@ -57,6 +58,8 @@ TAG_OWNER_START = "lungcal.owner.start"
 TAG_ENDED_BY = "lungcal.ended_by"
 #: the epoch a resumed run continued from.
 TAG_RESUMED_FROM = "lungcal.resumed_from_epoch"
+#: on a fine-tuned stage-1 run: the run it started from (or ``checkpoint:<sha256[:16]>`` of the file).
+TAG_INIT_RUN = "lungcal.init_run"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"
