@@ -61,10 +61,10 @@ class PerSampleCifar(torch.utils.data.Dataset):
         return (img.float() / 255 - self.mean) / self.std, self.y[i]
 
 
-def bench_trainer(x, y, steps: int, device: torch.device, method: str) -> float:
+def bench_trainer(x, y, steps: int, device: torch.device, method: str, amp: bool = True) -> float:
     """img/s of the bundle's ``train#trainer`` over ``steps`` iterations after one warm-up iteration."""
     os.chdir(ROOT)  # '%' macros resolve from the project root
-    p = load_bundle(f"bundles/cifar10_{method}.json", {"device": str(device), "epochs": 1})
+    p = load_bundle(f"bundles/cifar10_{method}.json", {"device": str(device), "epochs": 1, "amp": amp})
     p["data"] = CifarSplits(x.to(device), y.to(device), x[:1], y[:1], x[:1], y[:1], class_counts=[1] * 10)
     p["train#handlers"] = p["train#handlers"][:1]  # the per-iteration LrScheduleHandler
     trainer = p.get_parsed_content("train#trainer")
@@ -82,12 +82,14 @@ def bench_trainer(x, y, steps: int, device: torch.device, method: str) -> float:
     return len(y) * steps / (steps + 1) / (time.perf_counter() - start[0])
 
 
-def bench_loop(x, y, steps: int, device: torch.device, method: str) -> float:
+def bench_loop(x, y, steps: int, device: torch.device, method: str, amp: bool = True,
+               channels_last: bool = True) -> float:
     """The same training work as one hand-written loop (the pre-bundle ``train_stage1``)."""
     torch.manual_seed(0)
-    model = resnet32().to(device, memory_format=torch.channels_last)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = resnet32().to(device, memory_format=fmt)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-    ctx, _ = autocast_for(device, True, training=True)
+    ctx, _ = autocast_for(device, amp, training=True)
     gen = torch.Generator().manual_seed(1)
     tot_loss, tot_hit, t0 = torch.zeros((), device=device), torch.zeros((), device=device), 0.0
     for k, (xb, yb) in enumerate(BatchIterator(x.to(device), y.to(device), 128)):
@@ -96,7 +98,7 @@ def bench_loop(x, y, steps: int, device: torch.device, method: str) -> float:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
         opt.param_groups[0]["lr"] = lr_at(k / steps, 0.1)
-        xb = prepare_images(augment_batch(xb, generator=gen))
+        xb = prepare_images(augment_batch(xb, generator=gen), channels_last=channels_last)
         target = yb
         if method == "mixup":
             xb, target, _ = mixup(xb, yb, 1.0, 10, generator=gen)
@@ -143,6 +145,8 @@ def main() -> None:
     ap.add_argument("--method", default="ce", choices=("ce", "mixup"))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-plain", action="store_true", help="time only the trainer and the loop")
+    ap.add_argument("--amp", choices=("on", "off"), default="on", help="autocast (bf16 on CPU/GPU) in trainer and loop")
+    ap.add_argument("--channels-last", choices=("on", "off"), default="on", help="memory format of the loop")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -156,14 +160,15 @@ def main() -> None:
         y = torch.randint(0, 10, (n,), generator=g)
     rows: dict[str, list[float]] = {"trainer": [], "loop": [], "plain": []}
     for _ in range(args.repeats):  # interleaved, so drift in the machine's load hits each alike
-        rows["trainer"].append(bench_trainer(x, y, args.steps, device, args.method))
-        rows["loop"].append(bench_loop(x, y, args.steps, device, args.method))
+        amp, cl = args.amp == "on", args.channels_last == "on"
+        rows["trainer"].append(bench_trainer(x, y, args.steps, device, args.method, amp))
+        rows["loop"].append(bench_loop(x, y, args.steps, device, args.method, amp, cl))
         if not args.no_plain:
             rows["plain"].append(bench_plain(x, y, args.steps, device))
     best = {k: max(v) if v else float("nan") for k, v in rows.items()}
-    amp = str(autocast_for(device, True, training=True)[1]).split(".")[-1]
+    amp = str(autocast_for(device, args.amp == "on", training=True)[1]).split(".")[-1]
     print(f"device={device} threads={args.threads} method={args.method} batch=128 steps={args.steps} "
-          f"AMP={amp} (best of {args.repeats})")
+          f"AMP={amp} channels_last={args.channels_last} (best of {args.repeats})")
     print(f"{'trainer (bundle train#trainer: SupervisedTrainer + TrainStep)':<64}: {best['trainer']:8.1f} img/s")
     print(f"{'loop    (the same work, hand-written loop)':<64}: {best['loop']:8.1f} img/s")
     print(f"{'plain   (per-sample Dataset + DataLoader, float32)':<64}: {best['plain']:8.1f} img/s")
