@@ -1,5 +1,5 @@
-"""Shared calibration toolkit: metrics, losses, mixup, post-hoc scaling, prior adaptation, plots,
-ignite handlers.
+"""Shared calibration toolkit: metrics, losses, mixup, post-hoc scaling, prior adaptation, selective
+prediction (referral), plots, ignite handlers.
 
 Imports only numpy/scipy/torch (matplotlib in :mod:`.plots`, ignite in :mod:`.handlers`, both
 loaded lazily) and the stdlib-only :mod:`lungcal.errors`. See docs/architecture.md.
@@ -44,6 +44,15 @@ from .scaling import (
     make_calibrator,
     select_calibrator,
 )
+from .selective import (
+    aurc,
+    metrics_at_coverage,
+    mutual_information,
+    predictive_entropy,
+    risk_coverage,
+    selective_report,
+    uncertainty_score,
+)
 
 __all__ = [
     "REPORT_METRICS", "BINARY_REPORT_METRICS", "accuracy", "adaptive_ece", "auroc", "brier_score",
@@ -54,4 +63,6 @@ __all__ = [
     "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler", "HistogramBinning", "IsotonicCalibrator",
     "CALIBRATORS", "make_calibrator", "calibrator_from_json", "select_calibrator", "fit_warnings",
     "adjust_to_prior", "estimate_prior_em",
+    "risk_coverage", "aurc", "metrics_at_coverage", "selective_report", "predictive_entropy", "mutual_information",
+    "uncertainty_score",
 ]
