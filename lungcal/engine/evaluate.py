@@ -15,6 +15,7 @@ import torch
 
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.plots import reliability_diagram
+from lungcal.calibration.selective import selective_report
 from lungcal.paths import atomic_write
 
 __all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
@@ -72,8 +73,19 @@ def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, 
 def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, n_bins: int,
               subjects: Sequence[str] | None = None, attention=None, candidates=None,
               workdir: str | os.PathLike, title: str = "") -> None:
-    """Log a split's report (``{split}/{metric}``), reliability diagram and predictions CSV."""
+    """Log a split's report (``{split}/{metric}``), reliability diagram and predictions CSV.
+
+    Binary tasks also get the referral metrics of
+    :func:`lungcal.calibration.selective.selective_report` (ranked by confidence; ``@`` is not
+    allowed in MLflow names): ``{split}/aurc``, ``{split}/sensitivity``, ``{split}/specificity``
+    (all cases, decision p1 > 0.5) and ``{split}/acc_cov90``, ``sensitivity_cov90``,
+    ``specificity_cov90``, ``referred_cancer_share_cov90``, ``n_referred_cov90`` on the 90% most
+    certain cases.
+    """
     tracker.log_report(split, report)
+    p_arr = np.asarray(probs)
+    if p_arr.ndim == 1 or p_arr.shape[1] == 2:
+        tracker.log_report(split, selective_report(p_arr, np.asarray(labels), coverage=0.9))
     fig = reliability_diagram(np.asarray(probs), np.asarray(labels), n_bins=n_bins,
                               title=f"{title} {split}".strip())
     tracker.log_figure(fig, f"plots/{split}_reliability.png")
