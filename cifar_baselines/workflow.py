@@ -43,6 +43,7 @@ from cifar_baselines.steps import predict, training_precision
 from lungcal.calibration.las import retrain_head_las
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.plots import reliability_diagram
+from lungcal.calibration.selective import selective_report
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.paths import default_output_dir
 from lungcal.tracking import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2, RunTracker, default_tracking_uri
@@ -57,11 +58,17 @@ _MODEL_CONFIG = {"arch": "resnet32", "num_classes": 10}
 
 def log_split(tracker: RunTracker, split: str, logits: torch.Tensor, labels: torch.Tensor, *, n_bins: int,
               n_bootstrap: int, title: str, probs: torch.Tensor | None = None) -> dict:
-    """Report + reliability diagram + ``predictions/{split}.npz`` of one split into ``tracker``."""
+    """Report + reliability diagram + ``predictions/{split}.npz`` of one split into ``tracker``.
+
+    Also logs the referral metrics ``{split}/aurc`` and ``{split}/acc_cov90`` (accuracy on the 90% most
+    confident images; :func:`lungcal.calibration.selective.selective_report`).
+    """
     p = (torch.softmax(logits.double(), dim=1) if probs is None else probs.double()).numpy()
     y = labels.cpu().numpy()
     report = calibration_report(p, y, n_bins=n_bins, n_bootstrap=n_bootstrap)
     tracker.log_report(split, report)
+    referral = selective_report(p, y, coverage=0.9)
+    tracker.log_report(split, {k: referral[k] for k in ("aurc", "acc_cov90")})
     tracker.log_figure(reliability_diagram(p, y, n_bins=n_bins, title=f"{title} ({split})"),
                        f"plots/reliability_{split}.png")
     with tempfile.TemporaryDirectory() as tmp:
