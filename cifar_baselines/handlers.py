@@ -35,7 +35,8 @@ class MLflowEpochLogger:
         metrics["lr"] = engine.optimizer.param_groups[0]["lr"]
         if self.evaluator is not None and self.evaluator.state.epoch == engine.state.epoch:
             metrics.update(self.evaluator.state.metrics)
-        self.experiment.tracker.log_metrics(metrics, step=engine.state.epoch - 1)
+        log = getattr(self.experiment, "epoch_log", None) or self.experiment.tracker.log_metrics
+        log(metrics, engine.state.epoch - 1)
 
 
 class CheckpointWriter:

@@ -138,6 +138,15 @@ class TrainStep:
         self.generator = torch.Generator().manual_seed(int(seed) + 1)  # CPU, whatever the model's device
         self._scaler: torch.amp.GradScaler | None = None
 
+    def state_dict(self) -> dict:
+        """The grad scaler's state (empty before the first step or without fp16); resume saves it."""
+        return {"scaler": self._scaler.state_dict() if self._scaler is not None else {}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state.get("scaler"):
+            self._scaler = torch.amp.GradScaler("cuda")
+            self._scaler.load_state_dict(state["scaler"])
+
     def _autocast(self, device: torch.device):
         if device.type == "cpu" and not self.cpu_amp:
             return contextlib.nullcontext(), torch.float32

@@ -11,6 +11,11 @@ them in order inside a tracked run:
 - :class:`LASRun`: MiSLAS stage 2 on a stage-1 model (:func:`load_stage1`): the head retrained with
   label-aware smoothing while BatchNorm statistics shift (the trainer), or on cached features.
 
+Both resume by default (:mod:`lungcal.engine.resume`): rerunning the same bundle with the same
+settings after an interruption continues from the last complete epoch (model, optimizer, LR
+schedule, trainer counters, the global RNGs and the batch-order / augmentation / mixup
+generators) and logs into the same MLflow run; ``resume: false`` starts afresh.
+
 MLflow names follow ``DESIGN.md``: experiment = dataset (``cifar10`` / ``cifar10lt``), params = the
 bundle's settings flattened, per-epoch ``train/*``, ``val/*`` and ``lr``, final ``{split}/{metric}``
 from :func:`lungcal.calibration.metrics.calibration_report`, tags ``lungcal.dataset``,
@@ -44,9 +49,27 @@ from lungcal.calibration.las import retrain_head_las
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.plots import reliability_diagram
 from lungcal.calibration.selective import selective_report
+from lungcal.engine.bundle_config import active_config
+from lungcal.engine.resume import (
+    IDENTITY_EXCLUDE,
+    RandomState,
+    StepFilter,
+    TrainingResume,
+    as_bool,
+    generators_of,
+    run_identity,
+)
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.paths import default_output_dir
-from lungcal.tracking import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2, RunTracker, default_tracking_uri
+from lungcal.tracking import (
+    TAG_DATASET,
+    TAG_RESUMED_FROM,
+    TAG_SITE,
+    TAG_STAGE1,
+    TAG_STAGE2,
+    RunTracker,
+    default_tracking_uri,
+)
 
 __all__ = ["SITE", "SPLIT_KEYS", "log_split", "load_stage1", "trainable_head", "Stage1Model", "Stage1Run", "LASRun"]
 
@@ -154,13 +177,42 @@ class _TrackedRun:
     """What both runs share: the store, the open tracker, float32 val/test reports of the network."""
 
     tracker: RunTracker | None = None
+    #: ``log(metrics, step)`` of the per-epoch logger: the open run, each (metric, step) once
+    epoch_log = None
 
     def __init__(self, *, settings: Mapping, data: CifarSplits, network: torch.nn.Module,
                  output_dir: str | None = None, tracking_uri: str | None = None, n_bins: int = 15,
-                 n_bootstrap: int = 1000, channels_last: bool = True) -> None:
+                 n_bootstrap: int = 1000, channels_last: bool = True, lr_scheduler=None, resume: bool = True) -> None:
         self.settings, self.data, self.network = dict(settings), data, network
         self.output_dir, self.tracking_uri = _store(output_dir, tracking_uri)
         self.n_bins, self.n_bootstrap, self.channels_last = int(n_bins), int(n_bootstrap), channels_last
+        self.lr_scheduler, self.resume = lr_scheduler, as_bool(resume, "resume")
+        self.config = active_config() or {"settings": self.settings}
+        self.resumed_from = 0
+
+    def identity(self) -> str:
+        """The run's identity: the bundle config without run name, output paths and ``resume``."""
+        settings = {k: v for k, v in self.settings.items() if k not in IDENTITY_EXCLUDE}
+        return run_identity({**self.config, "settings": settings, "_class": type(self).__name__})
+
+    def training_state(self, trainer) -> TrainingResume:
+        """The resume state: network, optimizer, LR schedule, trainer, the step (grad scaler), every RNG."""
+        step = trainer._process_function
+        objects = {"model": self.network, "optimizer": trainer.optimizer, "lr_scheduler": self.lr_scheduler,
+                   "trainer": trainer, "step": step if hasattr(step, "state_dict") else None,
+                   "rng": RandomState(generators_of(trainer.data_loader, step))}
+        return TrainingResume(self.output_dir / "resume" / self.identity(), objects, enabled=self.resume)
+
+    def _train(self, trainer, state: TrainingResume, previous: str | None) -> None:
+        """Restore the state when there is one, then train the remaining epochs (inside the open run)."""
+        tr = self.tracker
+        self.epoch_log = StepFilter(tr.log_metrics, tr.client, previous)
+        self.resumed_from = state.load()
+        if self.resumed_from:
+            tr.set_tags({TAG_RESUMED_FROM: str(self.resumed_from)})
+        state.attach(trainer, tr.run_id)
+        if self.resumed_from < trainer.state.max_epochs:
+            trainer.run()
 
     def _evaluate(self, title: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Float32 logits of val and test, logged as reports; returns ``(val_logits, test_logits, test_report)``."""
@@ -199,22 +251,27 @@ class Stage1Run(_TrackedRun):
     def run(self, trainer) -> dict:
         d = self.data
         t0 = time.time()
+        state = self.training_state(trainer)
+        previous = state.run_id()
         with RunTracker(self.dataset, self.name, tracking_uri=self.tracking_uri,
-                        tags=_tags(self.dataset, self.method, "none")) as tr:
+                        tags=_tags(self.dataset, self.method, "none"), run_id=previous) as tr:
             self.tracker = tr
-            tr.log_params({**self.settings, "train_precision": training_precision(d.train_x.device, self.amp),
-                           "class_counts": d.class_counts, "n_train": len(d.train_y), "n_val": len(d.val_y),
-                           "n_test": len(d.test_y), "split_fingerprint": d.fingerprint})
-            tr.log_dict(self.settings, "config/resolved.json")
-            trainer.run()
+            if not previous:
+                tr.log_params({**self.settings, "train_precision": training_precision(d.train_x.device, self.amp),
+                               "class_counts": d.class_counts, "n_train": len(d.train_y), "n_val": len(d.val_y),
+                               "n_test": len(d.test_y), "split_fingerprint": d.fingerprint})
+                tr.log_dict(self.settings, "config/resolved.json")
+            self._train(trainer, state, previous)
             wall = time.time() - t0
             val_logits, test_logits, test = self._evaluate(f"{self.dataset} {self.method}")
             tr.log_metrics({"train_wall_s": wall})
             tr.log_model(self.network, "model", extra=_MODEL_CONFIG)
             run_id, ckpt = tr.run_id, self.checkpoint_path()
         ts_run_id, temperature, test_ts = self._posthoc(run_id, val_logits, test_logits)
+        state.clear()
         return {"run_id": run_id, "ts_run_id": ts_run_id, "checkpoint": str(ckpt) if ckpt.is_file() else None,
-                "temperature": temperature, "test": test, "test_ts": test_ts, "train_wall_s": wall}
+                "temperature": temperature, "test": test, "test_ts": test_ts, "train_wall_s": wall,
+                "resumed_from_epoch": self.resumed_from}
 
     def _posthoc(self, run_id: str, val_logits: torch.Tensor, test_logits: torch.Tensor):
         d, cfg = self.data, {**self.settings, "stage2": "ts"}
@@ -265,15 +322,23 @@ class LASRun(_TrackedRun):
     def run(self, trainer) -> dict:
         method, d = self.stage1.method, self.data
         settings = {**self.settings, **{k: self.stage1.settings.get(k) for k in SPLIT_KEYS}}
+        state = self.training_state(trainer) if self.shift_bn else None
+        previous = state.run_id() if state is not None else None
         with RunTracker(self.dataset, f"{self.dataset}_{method}_las", tracking_uri=self.tracking_uri,
-                        tags=_tags(self.dataset, method, "las"), parent_run_id=self.stage1.run_id) as tr:
+                        tags=_tags(self.dataset, method, "las"), parent_run_id=self.stage1.run_id,
+                        run_id=previous) as tr:
             self.tracker = tr
-            tr.log_params({**settings, "stage1_method": method, "class_counts": d.class_counts})
-            tr.log_dict({**settings, "stage1": self.stage1.settings}, "config/resolved.json")
-            if self.shift_bn:
-                trainer.run()
+            if not previous:
+                tr.log_params({**settings, "stage1_method": method, "class_counts": d.class_counts})
+                tr.log_dict({**settings, "stage1": self.stage1.settings}, "config/resolved.json")
+            if state is not None:
+                self._train(trainer, state, previous)
             else:
                 self._retrain_on_features()
             _, _, test = self._evaluate(f"{self.dataset} {method} + LAS")
             tr.log_model(self.network, "model", extra=_MODEL_CONFIG)
-            return {"run_id": tr.run_id, "stage1_run_id": self.stage1.run_id, "test": test}
+            run_id = tr.run_id
+        if state is not None:
+            state.clear()
+        return {"run_id": run_id, "stage1_run_id": self.stage1.run_id, "test": test,
+                "resumed_from_epoch": self.resumed_from}
