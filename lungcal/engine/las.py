@@ -4,10 +4,17 @@ The stage-1 network is loaded from its run or checkpoint (:func:`lungcal.engine.
 whatever ``network_def`` it was trained with), frozen, and only its head is retrained with LAS on
 cached train features (:func:`lungcal.calibration.las.retrain_head_las`); the test split is
 reported in a run linked to the stage-1 run.
+
+Resume: the head retraining takes seconds and is deterministic, so an interrupted LAS run is
+resumed at the run level: its MLflow run id is recorded in ``<output_dir>/resume/<identity>/run.json``
+when the run opens, and a rerun of the same settings recomputes into that same run (which goes
+back to ``RUNNING`` and ends ``FINISHED``); ``resume: false`` starts a new run.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -16,8 +23,10 @@ from lungcal.engine.checkpoint import load_stage1, network_config
 from lungcal.engine.cohort import CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.predict import predict
+from lungcal.engine.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.engine.stage2 import apply_head
 from lungcal.engine.summary import summary_lines
+from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device
 from lungcal.tracking import CT_EXPERIMENT, RunTracker, default_tracking_uri
 from lungcal.tracking.names import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
@@ -47,8 +56,10 @@ class LASRun:
                  batch_size: int = 32, balanced_sampling: bool = True, datalist: str | None = None,
                  demo_subjects: int | None = None, output_dir: str | os.PathLike | None = None,
                  tracking_uri: str | None = None, run_name: str | None = None, n_bins: int = 10,
-                 n_bootstrap: int = 1000, seed: int = 0, device: str | None = "auto", num_workers: int = 2) -> None:
-        self.choices = {k: v for k, v in locals().items() if k != "self"}
+                 n_bootstrap: int = 1000, seed: int = 0, device: str | None = "auto", num_workers: int = 2,
+                 resume: bool = True) -> None:
+        self.choices = {k: v for k, v in locals().items() if k not in ("self", "resume")}
+        self.resume = as_bool(resume, "resume")
         self.output_dir = resolve_output_dir(output_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(self.output_dir)
         self.stage1_run_id, self.checkpoint = stage1_run_id, checkpoint
@@ -79,8 +90,13 @@ class LASRun:
         method = stage1.stage1_name(TAG_STAGE1)
         name = self.run_name or f"{method}+las-{time.strftime('%Y%m%d-%H%M%S')}"
         tags = {TAG_DATASET: cohort.source, TAG_STAGE1: method, TAG_STAGE2: "las", TAG_SITE: cohort.site}
+        ident = {k: v for k, v in self.choices.items() if k not in IDENTITY_EXCLUDE}
+        record = self.output_dir / "resume" / run_identity({**ident, "datalist": cohort.digest,
+                                                            "stage1": stage1.run_id or "checkpoint"}) / "run.json"
+        previous = json.loads(record.read_text())["run_id"] if self.resume and record.is_file() else None
         with RunTracker(CT_EXPERIMENT, name, tracking_uri=self.tracking_uri, tags=tags,
-                        parent_run_id=stage1.run_id) as tracker:
+                        parent_run_id=stage1.run_id, run_id=previous) as tracker:
+            atomic_write_text(record, json.dumps({"run_id": tracker.run_id}))
             params = {k: v for k, v in self.choices.items()
                       if k not in ("datalist", "output_dir", "tracking_uri", "checkpoint")}
             params.update({"datalist": {"source": cohort.source, "sha256": cohort.digest}, "class_counts": counts,
@@ -93,6 +109,7 @@ class LASRun:
             stage1.network.head = head
             tracker.log_model(stage1.network, extra=network_config(stage1.checkpoint))
             run_id = tracker.run_id
+        shutil.rmtree(record.parent, ignore_errors=True)
         self.result = {"run_id": run_id, "parent": stage1.run_id, "test": rep, "class_counts": counts}
         print(summary_lines(f"{method} + LAS (stage 2)", [(f"{method}+LAS", rep)], self.output_dir,
                             self.tracking_uri, [run_id]), flush=True)

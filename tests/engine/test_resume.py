@@ -74,6 +74,8 @@ def bundle(over: dict, timeout: int = 600) -> subprocess.CompletedProcess:
 def stage1_runs(store: Path, name: str):
     client = MlflowClient(default_tracking_uri(store))
     exp = client.get_experiment_by_name("nlst")
+    if exp is None:
+        return client, []
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_STAGE2}` = 'none'")
     return client, [r for r in runs if r.info.run_name == name]
 
@@ -216,3 +218,29 @@ def test_init_run_id_starts_from_the_parent_weights(cohort, store, monkeypatch):
                   for k in ("auc", "ece", "nll")}
     for k, v in parent_val.items():
         assert child.data.metrics[f"val_init/{k}"] == v, k
+
+
+def test_las_interrupted_after_its_run_opened_is_rerun_into_the_same_run(cohort, store, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    _, parents = stage1_runs(store, "parent")
+    if not parents:
+        run(config_file=BUNDLE, logging_file=False, **overrides(cohort, store, run_name="parent", epochs=2))
+        _, parents = stage1_runs(store, "parent")
+    las = {k: v for k, v in overrides(cohort, store, run_name="las_crash", epochs=3).items()
+           if k not in ("warmup_epochs", "post_hoc", "qc", "spacing", "patch_size")}
+    las["stage1_run_id"] = parents[0].info.run_id
+
+    def crash(*args, **kwargs):
+        raise OSError(errno.EIO, "simulated crash while logging")
+
+    with monkeypatch.context() as m:
+        m.setattr("lungcal.engine.las.log_split", crash)
+        with pytest.raises(Exception):  # noqa: B017 - MONAI wraps the OSError
+            run(config_file="bundles/nlst_las.json", logging_file=False, **las)
+    run(config_file="bundles/nlst_las.json", logging_file=False, **las)
+    client = MlflowClient(default_tracking_uri(store))
+    exp = client.get_experiment_by_name("nlst")
+    runs = [r for r in client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_STAGE2}` = 'las'")
+            if r.info.run_name == "las_crash"]
+    assert [r.info.status for r in runs] == ["FINISHED"] and "test/ece" in runs[0].data.metrics
+    assert not list((store / "resume").glob("*/run.json"))
