@@ -10,6 +10,10 @@ groups the stage-2 methods (none, TS, LAS), cells ACC, AUC and ECE with their 95
   marked and the report says so.
 * Binary runs that logged them also show the clinical calibration measures (calibration slope,
   calibration intercept, observed/expected ratio; ``{split}/cal_slope`` etc.) with their CIs.
+* Runs that logged the referral metrics (``{split}/aurc``, ``{split}/sensitivity`` and
+  ``{split}/sensitivity_cov90`` etc., :func:`lungcal.calibration.selective.selective_report`) get a
+  referral section per dataset: what referring the 10% least certain cases does to sensitivity
+  (accuracy for multi-class runs) on the rest.
 * For CIFAR-10 / CIFAR-10-LT the study's published numbers (``published_results.csv``, shipped in
   the package) are shown side by side; unknown published cells stay empty.
 * It writes ``report.md``, ``report.csv`` and a self-contained ``report.html`` (reliability
@@ -70,6 +74,9 @@ METRICS = ("acc", "auc", "ece")
 #: clinical calibration measures, shown where a run logged them (binary tasks)
 CLINICAL_METRICS = ("cal_slope", "cal_intercept", "oe_ratio")
 METRIC_LABEL = {"cal_slope": "slope", "cal_intercept": "intercept", "oe_ratio": "O/E"}
+#: referral metrics (lungcal.calibration.selective.selective_report, no CIs), shown in the referral section
+REFERRAL_METRICS = ("aurc", "sensitivity", "specificity", "acc_cov90", "sensitivity_cov90", "specificity_cov90",
+                    "referred_cancer_share_cov90", "n_referred_cov90")
 PERCENT_METRICS = ("acc", "ece")  # shown ×100
 PUBLISHED_DATASETS = ("cifar10", "cifar10lt", "nlst", "ucd")
 
@@ -210,7 +217,7 @@ def collect_tables(experiment: str, *, tracking_uri: str | None = None, split: s
             nan = float("nan")
             table[key] = Cell(dataset, key[0], key[1], run.info.run_id, {
                 name: (m.get(f"{split}/{name}", nan), m.get(f"{split}/{name}_ci_low", nan),
-                       m.get(f"{split}/{name}_ci_high", nan)) for name in METRICS + CLINICAL_METRICS
+                       m.get(f"{split}/{name}_ci_high", nan)) for name in METRICS + CLINICAL_METRICS + REFERRAL_METRICS
                 if f"{split}/{name}" in m})
         page_token = page.token
         if not page_token:
@@ -294,6 +301,48 @@ def _best_note(table: StudyTable, best: Cell | None) -> str:
             f"{_fmt('ece', low.get('ece'))} %) has a 95% CI that overlaps another configuration's.")
 
 
+def _referral_lines(table: StudyTable, split: str) -> list[str]:
+    """"If the model refers the 10% it is least sure about, what happens to sensitivity on the rest?"
+
+    From the logged ``{split}/sensitivity`` vs ``{split}/sensitivity_cov90`` (binary runs) or
+    ``{split}/acc`` vs ``{split}/acc_cov90`` (others), with AURC; empty when no run logged them.
+    """
+    cells = [table.cells[(s1, s2)] for s1 in table.stage1_methods for s2 in table.stage2_methods
+             if (s1, s2) in table.cells]
+    binary = [c for c in cells if "sensitivity_cov90" in c.metrics and "sensitivity" in c.metrics]
+    rows = binary or [c for c in cells if "acc_cov90" in c.metrics]
+    if not rows:
+        return []
+
+    def pct(c: Cell, m: str) -> str:
+        v = c.get(m)[0]
+        return "" if math.isnan(v) else f"{100 * v:.1f}"
+
+    def change(c: Cell, m: str) -> str:
+        d = c.get(f"{m}_cov90")[0] - c.get(m)[0]
+        return "" if math.isnan(d) else f"{100 * d:+.1f}"
+
+    head = "sensitivity" if binary else "acc"
+    lines = ["", f"### Referral: refer the 10% least certain ({split})", "",
+             f"If the model refers the 10% of cases it is least sure about (ranked by confidence), what happens to "
+             f"{'sensitivity' if binary else 'accuracy'} on the 90% it keeps? In %; change in percentage points.", ""]
+    cols = [f"{head} all", f"{head} kept 90%", "change"]
+    if binary:
+        cols += ["specificity all", "specificity kept 90%", "cancers among referred", "referred"]
+    lines += ["| configuration | " + " | ".join(cols) + " | AURC |", "|---|" + "---|" * (len(cols) + 1)]
+    for c in rows:
+        vals = [pct(c, head), pct(c, f"{head}_cov90"), change(c, head)]
+        if binary:
+            n_ref = c.get("n_referred_cov90")[0]
+            vals += [pct(c, "specificity"), pct(c, "specificity_cov90"), pct(c, "referred_cancer_share_cov90"),
+                     "" if math.isnan(n_ref) else str(int(n_ref))]
+        aurc_v = c.get("aurc")[0]
+        vals.append("" if math.isnan(aurc_v) else f"{aurc_v:.3f}")
+        label = f"{STAGE1_LABEL.get(c.stage1, c.stage1)} + {STAGE2_LABEL.get(c.stage2, c.stage2)}"
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
+    return lines
+
+
 def render_markdown(tables: list[StudyTable], experiment: str, split: str = "test") -> str:
     """The report as Markdown: one table per dataset, best-calibrated note, published numbers."""
     lines = [f"# Calibration study report: experiment `{experiment}`", "",
@@ -321,6 +370,7 @@ def render_markdown(tables: list[StudyTable], experiment: str, split: str = "tes
         if dup:
             lines.append("Configurations with several finished runs show the latest: " + ", ".join(
                 f"{c.stage1}/{c.stage2} ({c.n_runs} runs)" for c in dup) + ".")
+        lines += _referral_lines(table, split)
         lines.append("")
     return "\n".join(lines)
 
