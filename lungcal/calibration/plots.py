@@ -1,4 +1,5 @@
-"""Reliability diagram with the confidence histogram beneath (matplotlib, headless).
+"""Reliability diagram with the confidence histogram beneath, and the risk-coverage curve of
+selective prediction (matplotlib, headless).
 
 Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas directly, never via
 ``pyplot``, so they render without a display and leave no global figure state behind.
@@ -12,8 +13,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .metrics import _as_probs_labels, _confidence_correct, reliability_bins
+from .selective import risk_coverage
 
-__all__ = ["reliability_diagram"]
+__all__ = ["reliability_diagram", "risk_coverage_plot"]
 
 
 def reliability_diagram(probs, labels, n_bins: int = 15, mode: str = "top_label",
@@ -88,6 +90,57 @@ def reliability_diagram(probs, labels, n_bins: int = 15, mode: str = "top_label"
     axh.legend(loc="upper left", fontsize=7, framealpha=0.9)
     axh.grid(alpha=0.25)
     fig.subplots_adjust(left=0.13, right=0.97, top=0.94 if title else 0.97, bottom=0.08)
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi, format="png")
+    return fig
+
+
+def risk_coverage_plot(probs, labels, score: str = "confidence", member_probs=None, title: str | None = None,
+                       path: str | Path | None = None, dpi: int = 120, mark_coverage: float = 0.9):
+    """Risk-coverage curve (:func:`..selective.risk_coverage`) with its AURC, the best curve
+    possible for the same errors (every correct case ranked first), the error rate (a random
+    ranking) and a marker at ``mark_coverage``.
+
+    Args:
+        probs, labels, score, member_probs: as for :func:`..selective.risk_coverage`.
+        title: figure title.
+        path: if given, the PNG is written there (parent folders are created).
+        dpi: resolution of the saved PNG.
+        mark_coverage: coverage marked with a dotted line and its risk (None: no marker).
+
+    Returns:
+        the :class:`matplotlib.figure.Figure`.
+    """
+    rc = risk_coverage(probs, labels, score, member_probs)
+    cov, risk = rc["coverage"], rc["risk"]
+    n = cov.shape[0]
+    err_rate = float(risk[-1])
+    n_err = int(round(err_rate * n))
+    k = np.arange(1, n + 1)
+    best = np.maximum(k - (n - n_err), 0) / k
+
+    fig = Figure(figsize=(5.0, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(cov, risk, color="#4C72B0", lw=1.8, label=f"{score} (AURC = {risk.mean():.4f})")
+    ax.plot(cov, best, color="#55A868", lw=1.2, ls="--", label=f"best possible (AURC = {best.mean():.4f})")
+    ax.axhline(err_rate, color="0.45", lw=1.0, ls=":", label=f"random ranking ({err_rate:.3f})")
+    if mark_coverage is not None:
+        i = max(1, int(round(float(mark_coverage) * n))) - 1
+        ax.axvline(cov[i], color="#DD5555", lw=1.0, ls=":")
+        ax.plot([cov[i]], [risk[i]], "o", color="#DD5555",
+                label=f"coverage {cov[i]:.0%}: risk {risk[i]:.3f}")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, max(float(risk.max()) * 1.1, 0.05))
+    ax.set_xlabel("Coverage (share of cases kept)")
+    ax.set_ylabel("Risk (error rate on kept cases)")
+    ax.grid(alpha=0.25)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    if title:
+        ax.set_title(title)
+    fig.subplots_adjust(left=0.14, right=0.97, top=0.92 if title else 0.97, bottom=0.12)
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
