@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lungcal.calibration.metrics import calibration_report
-from lungcal.calibration.plots import reliability_diagram
+from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
 from lungcal.calibration.selective import selective_report
 from lungcal.paths import atomic_write
 
@@ -80,12 +80,14 @@ def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, 
     allowed in MLflow names): ``{split}/aurc``, ``{split}/sensitivity``, ``{split}/specificity``
     (all cases, decision p1 > 0.5) and ``{split}/acc_cov90``, ``sensitivity_cov90``,
     ``specificity_cov90``, ``referred_cancer_share_cov90``, ``n_referred_cov90`` on the 90% most
-    certain cases.
+    certain cases, and the risk-coverage curve ``plots/{split}_risk_coverage.png``.
     """
     tracker.log_report(split, report)
     p_arr = np.asarray(probs)
     if p_arr.ndim == 1 or p_arr.shape[1] == 2:
         tracker.log_report(split, selective_report(p_arr, np.asarray(labels), coverage=0.9))
+        tracker.log_figure(risk_coverage_plot(p_arr, np.asarray(labels), title=f"{title} {split}".strip()),
+                           f"plots/{split}_risk_coverage.png")
     fig = reliability_diagram(np.asarray(probs), np.asarray(labels), n_bins=n_bins,
                               title=f"{title} {split}".strip())
     tracker.log_figure(fig, f"plots/{split}_reliability.png")

@@ -40,3 +40,4 @@ def test_log_split_logs_aurc_and_cov90_metrics_for_binary_tasks(tmp_path):
     assert m["test/n_referred_cov90"] == 12
     assert m["test/sensitivity"] == pytest.approx(full["sensitivity"])
     assert m["test/acc_cov90"] >= m["test/acc"]  # confident cases are easier here
+    assert sorted(tr.figures) == ["plots/test_reliability.png", "plots/test_risk_coverage.png"]
