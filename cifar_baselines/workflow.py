@@ -11,7 +11,7 @@ them in order inside a tracked run:
 - :class:`LASRun`: MiSLAS stage 2 on a stage-1 model (:func:`load_stage1`): the head retrained with
   label-aware smoothing while BatchNorm statistics shift (the trainer), or on cached features.
 
-Both resume by default (:mod:`lungcal.engine.resume`): rerunning the same bundle with the same
+Both resume by default (:mod:`lungcal.runtime.resume`): rerunning the same bundle with the same
 settings after an interruption continues from the last complete epoch (model, optimizer, LR
 schedule, trainer counters, the global RNGs and the batch-order / augmentation / mixup
 generators) and logs into the same MLflow run; ``resume: false`` starts afresh.
@@ -47,10 +47,12 @@ from cifar_baselines.data import CifarSplits, load_splits
 from cifar_baselines.steps import predict, training_precision
 from lungcal.calibration.las import retrain_head_las
 from lungcal.calibration.metrics import calibration_report
-from lungcal.calibration.plots import reliability_diagram
+from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
 from lungcal.calibration.selective import selective_report
-from lungcal.engine.bundle_config import active_config
-from lungcal.engine.resume import (
+from lungcal.errors import ConfigError, TrackingError
+from lungcal.paths import default_output_dir
+from lungcal.runtime.bundle_config import active_config
+from lungcal.runtime.resume import (
     IDENTITY_EXCLUDE,
     RandomState,
     StepFilter,
@@ -59,8 +61,6 @@ from lungcal.engine.resume import (
     generators_of,
     run_identity,
 )
-from lungcal.errors import ConfigError, TrackingError
-from lungcal.paths import default_output_dir
 from lungcal.tracking import (
     TAG_DATASET,
     TAG_RESUMED_FROM,
@@ -84,7 +84,8 @@ def log_split(tracker: RunTracker, split: str, logits: torch.Tensor, labels: tor
     """Report + reliability diagram + ``predictions/{split}.npz`` of one split into ``tracker``.
 
     Also logs the referral metrics ``{split}/aurc`` and ``{split}/acc_cov90`` (accuracy on the 90% most
-    confident images; :func:`lungcal.calibration.selective.selective_report`).
+    confident images; :func:`lungcal.calibration.selective.selective_report`) and the risk-coverage curve
+    ``plots/risk_coverage_{split}.png``.
     """
     p = (torch.softmax(logits.double(), dim=1) if probs is None else probs.double()).numpy()
     y = labels.cpu().numpy()
@@ -92,6 +93,7 @@ def log_split(tracker: RunTracker, split: str, logits: torch.Tensor, labels: tor
     tracker.log_report(split, report)
     referral = selective_report(p, y, coverage=0.9)
     tracker.log_report(split, {k: referral[k] for k in ("aurc", "acc_cov90")})
+    tracker.log_figure(risk_coverage_plot(p, y, title=f"{title} ({split})"), f"plots/risk_coverage_{split}.png")
     tracker.log_figure(reliability_diagram(p, y, n_bins=n_bins, title=f"{title} ({split})"),
                        f"plots/reliability_{split}.png")
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,9 +6,9 @@ from pathlib import Path
 import torch
 from monai.bundle import ConfigParser
 
-from lungcal.engine.bundle_config import active_config, build_section, hyperparameters, unused_keys
+from lungcal.runtime.bundle_config import active_config, build_section, hyperparameters, unused_keys
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_build_section_and_hyperparameters():
@@ -33,5 +33,5 @@ def test_every_setting_of_the_stage1_bundles_is_used_and_a_stale_one_is_found(mo
 
 def test_active_config_is_empty_outside_a_bundle_and_the_parser_config_inside():
     assert active_config() == {}
-    parser = ConfigParser({"epochs": 2, "seen": {"_target_": "lungcal.engine.bundle_config.active_config"}})
+    parser = ConfigParser({"epochs": 2, "seen": {"_target_": "lungcal.runtime.bundle_config.active_config"}})
     assert parser.get_parsed_content("seen")["epochs"] == 2

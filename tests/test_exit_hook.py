@@ -4,8 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lungcal.engine.exit_hook import find_lungcal_error
 from lungcal.errors import DataError
+from lungcal.runtime.exit_hook import find_lungcal_error
 
 
 def _wrapped() -> BaseException:
@@ -30,13 +30,13 @@ def test_finds_the_error_through_cause_and_context():
 
 
 def test_other_exceptions_keep_their_traceback():
-    code = "import lungcal.engine.exit_hook\nraise KeyError('boom')"
+    code = "import lungcal.runtime.exit_hook\nraise KeyError('boom')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError" in proc.stderr
 
 
 def test_a_lungcal_error_is_one_line_and_exit_code_2():
-    code = ("import lungcal.engine.exit_hook\nfrom lungcal.errors import ConfigError\n"
+    code = ("import lungcal.runtime.exit_hook\nfrom lungcal.errors import ConfigError\n"
             "try:\n    raise ConfigError('bad', field='epochs', fix='set 1')\n"
             "except ConfigError as e:\n    raise RuntimeError('wrapped') from e")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -5,7 +5,7 @@ is ``{"state_dict", "epoch", "metric", "network_def", "bag_params", "method"}``:
 
 - ``network_def``: the bundle's ``network_def`` config with its ``@`` references resolved, so any
   network the bundle defined (another encoder, another head) is rebuilt with MONAI's
-  ``ConfigParser`` (:func:`lungcal.engine.bundle_config.build_section`);
+  ``ConfigParser`` (:func:`lungcal.runtime.bundle_config.build_section`);
 - ``bag_params``: JSON of the bag parameters (spacing, HU window, K, P), so LAS, inference and
   ``lungcal recalibrate`` build the same bags.
 
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lungcal.engine.bundle_config import build_section
 from lungcal.errors import ConfigError
 from lungcal.mil import build_mil_model
 from lungcal.runtime import resolve_device
+from lungcal.runtime.bundle_config import build_section
 from lungcal.tracking import TAG_STAGE2, artifact_checkpoint, find_stage1_run
 
 __all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of",

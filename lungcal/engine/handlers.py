@@ -18,8 +18,8 @@ import torch
 from ignite.engine import Events
 from torch import nn
 
-from lungcal.engine.resume import OutputError
 from lungcal.paths import atomic_write
+from lungcal.runtime.resume import OutputError
 
 __all__ = ["atomic_torch_save", "EpochMetricsLogger", "AtomicCheckpoint"]
 

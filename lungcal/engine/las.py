@@ -23,11 +23,11 @@ from lungcal.engine.checkpoint import load_stage1, network_config
 from lungcal.engine.cohort import CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.predict import predict
-from lungcal.engine.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.engine.stage2 import apply_head
 from lungcal.engine.summary import summary_lines
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device
+from lungcal.runtime.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.tracking import CT_EXPERIMENT, RunTracker, default_tracking_uri
 from lungcal.tracking.names import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
 

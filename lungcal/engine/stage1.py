@@ -6,7 +6,7 @@ the MLflow run, bind the checkpoint and epoch-logging handlers to it, train, rel
 checkpoint, evaluate the test split with bootstrap CIs, run the post-hoc calibrators
 (:mod:`lungcal.engine.posthoc`) and print the summary.
 
-Resume (:mod:`lungcal.engine.resume`): rerunning the same bundle with the same settings after an
+Resume (:mod:`lungcal.runtime.resume`): rerunning the same bundle with the same settings after an
 interruption continues from the last complete epoch into the same MLflow run; ``resume: false``
 starts afresh. Fine-tuning: ``init_run_id`` / ``init_checkpoint`` start from a trained stage-1
 model's weights (encoder + head; the encoder frozen with ``freeze_encoder``), tagged
@@ -28,14 +28,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from lungcal.engine.bundle_config import active_config, hyperparameters, resolved_section, unused_keys
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.handlers import AtomicCheckpoint, EpochMetricsLogger
 from lungcal.engine.posthoc import run_post_hoc
 from lungcal.engine.predict import predict
-from lungcal.engine.resume import (
+from lungcal.engine.summary import summary_lines
+from lungcal.errors import ConfigError
+from lungcal.runtime import resolve_device, seed_everything
+from lungcal.runtime.bundle_config import active_config, hyperparameters, resolved_section, unused_keys
+from lungcal.runtime.resume import (
     IDENTITY_EXCLUDE,
     RandomState,
     StepFilter,
@@ -44,9 +47,6 @@ from lungcal.engine.resume import (
     generators_of,
     run_identity,
 )
-from lungcal.engine.summary import summary_lines
-from lungcal.errors import ConfigError
-from lungcal.runtime import resolve_device, seed_everything
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
@@ -128,7 +128,7 @@ class Stage1Run:
         self.result: dict[str, Any] = {}
 
     def identity(self) -> str:
-        """The run's identity (:func:`~lungcal.engine.resume.run_identity`): config + params, no paths/run name."""
+        """The run's identity (:func:`~lungcal.runtime.resume.run_identity`): config + params, no paths/run name."""
         cfg = self.resolved_config()
         cfg["params"] = {k: v for k, v in cfg["params"].items() if k not in IDENTITY_EXCLUDE}
         return run_identity({**cfg["config"], "_params": cfg["params"]})

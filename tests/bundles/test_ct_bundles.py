@@ -21,8 +21,8 @@ from monai.bundle import ckpt_export, run
 
 from lungcal.data.synthetic import make_cohort
 from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.exit_hook import find_lungcal_error
 from lungcal.errors import ConfigError
+from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
     TAG_CALIBRATOR,
     TAG_DATASET,

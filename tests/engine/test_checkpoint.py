@@ -7,10 +7,10 @@ import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from lungcal.engine.bundle_config import resolved_section
 from lungcal.engine.checkpoint import bag_params_of, build_network, load_checkpoint, load_stage1, network_config
 from lungcal.errors import ConfigError
 from lungcal.mil import LogSumExpMIL, build_mil_model
+from lungcal.runtime.bundle_config import resolved_section
 
 NETWORK_DEF = {"_target_": "lungcal.mil.LogSumExpMIL",
                "encoder": {"_target_": "monai.networks.nets.resnet10", "spatial_dims": 3, "n_input_channels": 1,

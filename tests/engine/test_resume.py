@@ -26,8 +26,8 @@ from mlflow.tracking import MlflowClient
 from monai.bundle import run
 
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine.exit_hook import find_lungcal_error
-from lungcal.engine.resume import OutputError, RandomState, StepFilter, generators_of, run_identity
+from lungcal.runtime.exit_hook import find_lungcal_error
+from lungcal.runtime.resume import OutputError, RandomState, StepFilter, generators_of, run_identity
 from lungcal.tracking import TAG_INIT_RUN, TAG_RESUMED_FROM, TAG_STAGE2, default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]

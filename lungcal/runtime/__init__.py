@@ -1,0 +1,10 @@
+"""Run-time pieces shared by the CT engine and ``cifar_baselines`` (a leaf: it imports no lungcal package).
+
+- ``device.py``: one meaning of ``device: auto`` and of ``seed`` (:func:`resolve_device`, :func:`seed_everything`);
+- ``resume.py``: crash-safe runs: run identity, ignite checkpoints with every RNG state, resume;
+- ``bundle_config.py``: the MONAI bundle config a run records (params, resolved sections);
+- ``exit_hook.py``: a ``LungcalError`` under ``python -m monai.bundle run`` ends in one line, exit code 2.
+"""
+from lungcal.runtime.device import resolve_device, seed_everything
+
+__all__ = ["resolve_device", "seed_everything"]
