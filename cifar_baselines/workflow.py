@@ -254,7 +254,7 @@ class Stage1Run(_TrackedRun):
         d = self.data
         t0 = time.time()
         state = self.training_state(trainer)
-        previous = state.run_id()
+        previous = state.run_id(self.tracking_uri)
         with RunTracker(self.dataset, self.name, tracking_uri=self.tracking_uri,
                         tags=_tags(self.dataset, self.method, "none"), run_id=previous) as tr:
             self.tracker = tr
@@ -325,7 +325,7 @@ class LASRun(_TrackedRun):
         method, d = self.stage1.method, self.data
         settings = {**self.settings, **{k: self.stage1.settings.get(k) for k in SPLIT_KEYS}}
         state = self.training_state(trainer) if self.shift_bn else None
-        previous = state.run_id() if state is not None else None
+        previous = state.run_id(self.tracking_uri) if state is not None else None
         with RunTracker(self.dataset, f"{self.dataset}_{method}_las", tracking_uri=self.tracking_uri,
                         tags=_tags(self.dataset, method, "las"), parent_run_id=self.stage1.run_id,
                         run_id=previous) as tr:

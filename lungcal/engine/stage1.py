@@ -193,7 +193,7 @@ class Stage1Run:
         net = self.network
         init = self.load_init()
         state = self.training_state()
-        previous = state.run_id()
+        previous = state.run_id(self.tracking_uri)
         with RunTracker(self.experiment, self.run_name, tracking_uri=self.tracking_uri,
                         tags=self._tags("none"), run_id=previous) as tracker:
             ckdir = self.output_dir / "checkpoints" / tracker.run_id

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from ignite.engine import Events
 from ignite.handlers import Checkpoint, DiskSaver
+from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError, LungcalError
 from lungcal.paths import atomic_write, default_output_dir
@@ -240,13 +241,25 @@ class TrainingResume:
         files = [p for p in self.dir.glob(f"{_PREFIX}_checkpoint_*.pt") if not p.name.startswith(".")]
         return max(files, key=lambda p: int(p.stem.rsplit("_", 1)[-1]), default=None)
 
-    def run_id(self) -> str | None:
-        """The MLflow run id of the state on disk (``None`` when there is none), without loading the rest."""
+    def run_id(self, tracking_uri: str | None = None) -> str | None:
+        """The MLflow run id of the state on disk (``None`` when there is none), without loading the rest.
+
+        With ``tracking_uri``, a run that store does not hold (the store was deleted or another one
+        is used) makes the state useless: it is deleted with a warning and the run starts afresh.
+        """
         path = self.path() if self.enabled else None
         if path is None:
             return None
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-        return ck["run"]["run_id"] or None
+        run_id = torch.load(path, map_location="cpu", weights_only=True)["run"]["run_id"] or None
+        if run_id and tracking_uri:
+            try:
+                MlflowClient(tracking_uri=tracking_uri).get_run(run_id)
+            except Exception:  # noqa: BLE001 - unknown run (or unreadable store: the tracker reports that)
+                logger.warning("resume state %s names MLflow run %s, which %s does not hold: starting afresh",
+                               path, run_id, tracking_uri)
+                self.clear()
+                return None
+        return run_id
 
     def load(self) -> int:
         """Restore every object from the newest state; returns the epoch resumed from (0: none)."""
