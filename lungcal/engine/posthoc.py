@@ -44,7 +44,7 @@ def no_signal(warnings: Sequence[str]) -> list[str]:
 
 
 class PostHocResult(dict):
-    """``{"name", "run_id", "test" (report), "temperature" (ts only), "warnings"}``."""
+    """``{"name", "run_id", "test" (report), "temperature" (ts only), "warnings", "probs" (test, calibrated)}``."""
 
 
 def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tags: Callable[[str], Mapping[str, str]],
@@ -90,5 +90,5 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
                                             json.dumps({"temperature": temperature, "stage1_run": stage1_run_id}))
                 tracker.log_artifact(ts_path, "calibrator")
             results.append(PostHocResult(name=name, run_id=tracker.run_id, test=report, temperature=temperature,
-                                         warnings=warnings))
+                                         warnings=warnings, probs=probs))
     return results

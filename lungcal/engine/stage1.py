@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lungcal.calibration.metrics import paired_bootstrap_diff
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
@@ -248,6 +249,13 @@ class Stage1Run:
             if r["temperature"] is not None:
                 self.result.update(ts_run_id=r["run_id"], temperature=r["temperature"], test_ts=r["test"])
                 text += f"\n  temperature   {r['temperature']:.3f}"
+        for r in post:  # the same test cases before and after: a paired difference, not two CIs
+            d = paired_bootstrap_diff("ece", r["probs"], p_test, test["labels"], n_bootstrap=self.n_bootstrap,
+                                      seed=self.seed, n_bins=self.n_bins)
+            r["ece_diff"] = d
+            verdict = "significant" if d["significant"] else "not significant"
+            text += (f"\n  ECE {r['name'].upper()} - none  {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+                     f"  paired bootstrap: {verdict}")
         if resumed:
             text += f"\n  resumed from epoch {resumed}"
         print(text, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,9 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     run_bundle(name, monkeypatch, **tiny(tiny_cohort, store, run_name=f"t-{name}"))
     out = capsys.readouterr().out
     assert "mlflow ui --backend-store-uri sqlite:///" in out and "ECE" in out and "temperature" in out
+    # the TS difference is a paired one, with its CI and a plain verdict
+    assert re.search(r"ECE TS - none  [+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]  paired bootstrap: "
+                     r"(not )?significant", out), out
     method = name[len("nlst_"):]
     client, runs = _runs(store, **{TAG_STAGE1: method})
     s1 = [r for r in runs if r.data.tags[TAG_STAGE2] == "none"][0]
