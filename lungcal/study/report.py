@@ -432,6 +432,20 @@ def reliability_png(client, run_id: str, split: str = "test") -> bytes | None:
         return Path(local).read_bytes()
 
 
+def risk_coverage_png(client, run_id: str, split: str = "test") -> bytes | None:
+    """The PNG bytes of a run's risk-coverage plot (a ``*.png`` whose path mentions ``risk_coverage``;
+    one that also names ``split`` is preferred), or ``None`` if the run has none."""
+    try:
+        files = [p for p in _list_files(client, run_id) if p.lower().endswith(".png") and "risk_coverage" in p.lower()]
+    except Exception:  # artifact store unreachable: the table is still useful
+        return None
+    if not files:
+        return None
+    files.sort(key=lambda p: (split not in p.lower(), len(p)))
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(client.download_artifacts(run_id, files[0], tmp)).read_bytes()
+
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}
@@ -444,10 +458,12 @@ td.best{font-weight:bold;background:#e7f6e7} td.pub{color:#555;background:#fafaf
 
 
 def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
-                diagrams: Mapping[str, bytes] | None = None) -> str:
+                diagrams: Mapping[str, bytes] | None = None, risk_plots: Mapping[str, bytes] | None = None) -> str:
     """A self-contained HTML page: the tables and, per dataset, a stage-1 x stage-2 grid of
-    reliability diagrams (``diagrams[run_id]`` = PNG bytes, embedded as base64)."""
+    reliability diagrams (``diagrams[run_id]`` = PNG bytes, embedded as base64), and one of
+    risk-coverage plots (``risk_plots[run_id]``) where any run of the dataset has one."""
     diagrams = diagrams or {}
+    risk_plots = risk_plots or {}
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>lungcal report: {e(experiment)}</title>",
              f"<style>{_CSS}</style></head><body>",
@@ -486,8 +502,28 @@ def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
                     body = "<div class='empty'>no diagram</div>"
                 parts.append(f"<figure>{body}<figcaption>{e(label)}</figcaption></figure>")
         parts.append("</div>")
+        parts += _risk_grid(table, split, risk_plots)
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _risk_grid(table: StudyTable, split: str, risk_plots: Mapping[str, bytes]) -> list[str]:
+    """HTML grid of the risk-coverage plots of one dataset's configurations (empty when none has one)."""
+    if not any(c.run_id in risk_plots for c in table.cells.values()):
+        return []
+    e = html.escape
+    parts = [f"<h3>Risk-coverage curves ({e(table.dataset)}, {e(split)})</h3>"
+             f"<div class='grid' style='grid-template-columns:repeat({len(table.stage2_methods)},1fr)'>"]
+    for s1 in table.stage1_methods:
+        for s2 in table.stage2_methods:
+            cell = table.cells.get((s1, s2))
+            label = f"{STAGE1_LABEL.get(s1, s1)} + {STAGE2_LABEL.get(s2, s2)}"
+            png = risk_plots.get(cell.run_id) if cell else None
+            body = (f"<img alt='{e(label)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>"
+                    if png else "<div class='empty'>no plot</div>")
+            parts.append(f"<figure>{body}<figcaption>{e(label)}</figcaption></figure>")
+    parts.append("</div>")
+    return parts
 
 
 # ------------------------------------------------------------------------------------ entry point
@@ -515,18 +551,21 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
     out = Path(out_dir) if out_dir is not None else default_output_dir() / "reports" / experiment
     out.mkdir(parents=True, exist_ok=True)
     client = _client(tracking_uri)
-    diagrams = {}
+    diagrams, risk_plots = {}, {}
     for table in tables:
         for cell in table.cells.values():
             png = reliability_png(client, cell.run_id, split)
             if png:
                 diagrams[cell.run_id] = png
+            png = risk_coverage_png(client, cell.run_id, split)
+            if png:
+                risk_plots[cell.run_id] = png
     claims = collect_claims(client, _experiment_id(client, experiment), split)
     md = out / "report.md"
     md.write_text(render_markdown(tables, experiment, split) + "\n".join(["", *render_claims(claims)]))
     csv_path = write_csv(tables, out / "report.csv")
     html_path = out / "report.html"
-    html_path.write_text(render_html(tables, experiment, split, diagrams))
+    html_path.write_text(render_html(tables, experiment, split, diagrams, risk_plots))
     run_id = None
     if log_run:
         exp_id = _experiment_id(client, experiment)
