@@ -63,23 +63,36 @@ class MILTrainStep:
         net.train()
         engine.optimizer.zero_grad(set_to_none=True)
         target: torch.Tensor = label
+        # mixing draws come from this step's CPU generator whatever the device (calibration.mixup)
         if self.alpha > 0 and self.space == "input":
             bags, mask, target, _ = mixup_bags(bags, mask, label, self.alpha, self.num_classes, self.generator)
-            logits, _ = net(bags, mask)
-        elif self.alpha > 0:
-            feats, target, _ = mixup(net.features(bags, mask), label, self.alpha, self.num_classes, self.generator)
-            logits = net.head(feats)
-        else:
-            logits, _ = net(bags, mask)
+        amp = bool(getattr(engine, "amp", False))
+        with torch.autocast(device_type=bags.device.type, enabled=amp):
+            if self.alpha > 0 and self.space == "feature":
+                feats, target, _ = mixup(net.features(bags, mask), label, self.alpha, self.num_classes,
+                                         self.generator)
+                logits = net.head(feats)
+            else:
+                logits, _ = net(bags, mask)
+        logits = logits.float()  # the loss (and every metric downstream) sees float32
         loss = engine.loss_function(logits, target)
-        loss.backward()
-        engine.optimizer.step()
+        scaler = getattr(engine, "scaler", None)
+        if amp and scaler is not None and bags.device.type == "cuda":  # fp16 on CUDA needs loss scaling
+            scaler.scale(loss).backward()
+            scaler.step(engine.optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            engine.optimizer.step()
         return {CommonKeys.IMAGE: None, CommonKeys.LABEL: label, CommonKeys.PRED: logits.detach(),
                 CommonKeys.LOSS: loss.detach()}
 
 
 class MILEvalStep:
-    """``iteration_update`` of evaluators: ``{"pred": logits, "label", "attention"}`` without grad."""
+    """``iteration_update`` of evaluators: ``{"pred": logits, "label", "attention"}`` without grad.
+
+    Never under autocast: ECE and temperature scaling see float32 logits.
+    """
 
     def __call__(self, engine, batchdata) -> dict[str, Any]:
         (bags, mask), label = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)
