@@ -141,7 +141,7 @@ class Stage1Run:
                                         evaluator.data_loader))
         objects = {"model": self.network, "optimizer": self.trainer.optimizer, "lr_scheduler": self.lr_scheduler,
                    "trainer": self.trainer, "best": self.checkpoint, "rng": rng,
-                   "scaler": getattr(self.trainer, "scaler_", None)}
+                   "scaler": getattr(self.trainer, "scaler", None)}  # MONAI sets it with amp (fp16 loss scaling)
         return TrainingResume(self.output_dir / "resume" / self.identity(), objects, enabled=self.resume)
 
     def load_init(self) -> str | None:
