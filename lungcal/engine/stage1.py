@@ -139,9 +139,10 @@ class Stage1Run:
         evaluator = self.checkpoint.evaluator
         rng = RandomState(generators_of(self.trainer.data_loader, self.trainer._process_function,
                                         evaluator.data_loader))
+        scaler = getattr(self.trainer, "scaler", None)  # MONAI sets it with amp; disabled off CUDA (no state)
         objects = {"model": self.network, "optimizer": self.trainer.optimizer, "lr_scheduler": self.lr_scheduler,
                    "trainer": self.trainer, "best": self.checkpoint, "rng": rng,
-                   "scaler": getattr(self.trainer, "scaler", None)}  # MONAI sets it with amp (fp16 loss scaling)
+                   "scaler": scaler if scaler is not None and scaler.is_enabled() else None}
         return TrainingResume(self.output_dir / "resume" / self.identity(), objects, enabled=self.resume)
 
     def load_init(self) -> str | None:
