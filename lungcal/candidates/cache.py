@@ -316,6 +316,9 @@ class BagCache:
         """
         final = self.path(key)
         with self.lock(key):
+            # under the entry's lock nobody else writes it: a temporary file of it is a killed writer's
+            for stale in self.root.glob(f".{final.name}.*.tmp"):
+                stale.unlink(missing_ok=True)
             if final.is_file():
                 try:
                     load_bag(final)

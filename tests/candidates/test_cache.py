@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,8 +214,10 @@ def test_a_truncated_entry_is_rebuilt_with_a_warning(tmp_path, sources, caplog):
         f.write(data[: len(data) // 2])
     with pytest.raises(CacheError):
         load_bag(path)
+    stale = Path(path).with_name(f".{Path(path).name}.abc123.tmp")  # what a writer killed mid-write leaves
+    stale.write_bytes(b"half a bag")
     again = build_bags(rows, {"k": 2, "patch_size": 8}, tmp_path / "c", num_workers=0, progress=False,
                        preprocess=fake_preprocess)
-    assert again[0]["bag"] == path
+    assert again[0]["bag"] == path and not stale.exists()
     np.testing.assert_array_equal(load_bag(path)["bag"], want["bag"])
     assert "rebuilding a corrupt bag cache entry" in caplog.text
