@@ -23,6 +23,9 @@ entry behind. Each entry is built under its own inter-process lock (``filelock``
 processes building overlapping datalists into one cache (two study jobs, two users) build each
 entry once; an entry that fails to load (truncated, corrupt) is rebuilt with a warning.
 
+The module is a little over the house ~400 lines: the entry format, its key, its lock and the
+builder that fills it change together (the builder is the only writer).
+
 Default parameters fit the built-in synthetic cohort (about 2.5 mm voxels): ``P = 16`` voxels is
 a 40 mm cube, enough context around nodules up to ~30 mm; ``K = 8`` candidates covers every
 planted nodule with room for false positives, while keeping a bag at 128 KiB.

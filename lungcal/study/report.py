@@ -20,6 +20,10 @@ groups the stage-2 methods (none, TS, LAS), cells ACC, AUC and ECE with their 95
   diagrams embedded as base64 PNGs, in a stage-1 x stage-2 grid) and logs the three files as
   artifacts of a run named ``report`` (tag ``lungcal.report=true``) in the same experiment.
 
+This module is longer than the house ~400 lines: it is one report rendered three ways (Markdown,
+CSV, HTML), and the renderers share its cells, column order and formatting; the study's paired
+differences live in :mod:`lungcal.study.differences`.
+
 Metric values in MLflow are fractions (as :func:`lungcal.calibration.metrics.calibration_report`
 returns them); ACC and ECE are shown in percent, AUC as a fraction.
 """
