@@ -421,26 +421,11 @@ def _list_files(client, run_id: str, path: str | None = None, depth: int = 3) ->
     return out
 
 
-def reliability_png(client, run_id: str, split: str = "test") -> bytes | None:
-    """The PNG bytes of a run's reliability diagram artifact (a ``*.png`` whose path mentions
-    ``reliab``; one that also names ``split`` is preferred), or ``None`` if the run has none."""
+def _artifact_png(client, run_id: str, split: str, needle: str) -> bytes | None:
+    """The PNG bytes of a run's ``*.png`` artifact whose path mentions ``needle`` (one that also names
+    ``split`` is preferred), or ``None`` if the run has none or its store cannot be read."""
     try:
-        files = [p for p in _list_files(client, run_id) if p.lower().endswith(".png") and "reliab" in p.lower()]
-    except Exception:  # artifact store unreachable: the table is still useful
-        return None
-    if not files:
-        return None
-    files.sort(key=lambda p: (split not in p.lower(), len(p)))
-    with tempfile.TemporaryDirectory() as tmp:
-        local = client.download_artifacts(run_id, files[0], tmp)
-        return Path(local).read_bytes()
-
-
-def risk_coverage_png(client, run_id: str, split: str = "test") -> bytes | None:
-    """The PNG bytes of a run's risk-coverage plot (a ``*.png`` whose path mentions ``risk_coverage``;
-    one that also names ``split`` is preferred), or ``None`` if the run has none."""
-    try:
-        files = [p for p in _list_files(client, run_id) if p.lower().endswith(".png") and "risk_coverage" in p.lower()]
+        files = [p for p in _list_files(client, run_id) if p.lower().endswith(".png") and needle in p.lower()]
     except Exception:  # artifact store unreachable: the table is still useful
         return None
     if not files:
@@ -448,6 +433,16 @@ def risk_coverage_png(client, run_id: str, split: str = "test") -> bytes | None:
     files.sort(key=lambda p: (split not in p.lower(), len(p)))
     with tempfile.TemporaryDirectory() as tmp:
         return Path(client.download_artifacts(run_id, files[0], tmp)).read_bytes()
+
+
+def reliability_png(client, run_id: str, split: str = "test") -> bytes | None:
+    """The PNG bytes of a run's reliability diagram, or ``None``."""
+    return _artifact_png(client, run_id, split, "reliab")
+
+
+def risk_coverage_png(client, run_id: str, split: str = "test") -> bytes | None:
+    """The PNG bytes of a run's risk-coverage plot, or ``None``."""
+    return _artifact_png(client, run_id, split, "risk_coverage")
 
 
 _CSS = """
