@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from lungcal.candidates.cache import hash_source
 from lungcal.ct.masking import LungMasker, Masker
 from lungcal.ct.masking import __file__ as _ct_masking_file
@@ -52,7 +54,7 @@ def qc_key(source: str | os.PathLike, config: QCConfig, masker: Masker, series_u
 
 
 def screen(rows: Sequence[Mapping[str, Any]], config: QCConfig | Mapping[str, Any] | None, cache_dir: str | os.PathLike,
-           masker: Masker | None = None, num_workers: int = 0) -> list[QCReport | None]:
+           masker: Masker | None = None, num_workers: int = 0, progress: bool = True) -> list[QCReport | None]:
     """The :class:`QCReport` of every row (in order), from the cache or computed once and cached.
 
     ``None`` for a row whose image cannot be read (the bag builder reports that one).
@@ -62,11 +64,24 @@ def screen(rows: Sequence[Mapping[str, Any]], config: QCConfig | Mapping[str, An
     root = Path(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     jobs = [(str(r["image"]), r.get("series_uid") or None) for r in rows]
-    if num_workers <= 0 or len(rows) <= 1:
-        return [_screen_one(src, uid, cfg, masker, str(root)) for src, uid in jobs]
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
-    with cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx) as ex:
-        return list(ex.map(_screen_one, *zip(*jobs), *([x] * len(jobs) for x in (cfg, masker, str(root)))))
+    bar = tqdm(total=len(jobs), desc="series checks", unit="CT", disable=not progress or not jobs)
+    try:
+        if num_workers <= 0 or len(rows) <= 1:
+            out = []
+            for src, uid in jobs:
+                out.append(_screen_one(src, uid, cfg, masker, str(root)))
+                bar.update(1)
+            return out
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+        with cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx) as ex:
+            results = ex.map(_screen_one, *zip(*jobs), *([x] * len(jobs) for x in (cfg, masker, str(root))))
+            out = []
+            for rep in results:  # in order; the bar moves as they come
+                out.append(rep)
+                bar.update(1)
+            return out
+    finally:
+        bar.close()
 
 
 def skipped_table(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport | None]) -> str:
