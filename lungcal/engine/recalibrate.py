@@ -74,6 +74,9 @@ __all__ = ["METHODS", "AUTO_CANDIDATES", "recalibrate", "format_summary", "check
 METHODS = ("auto", *CALIBRATORS, PRIOR)
 #: the candidates of ``--method auto``, simplest first
 AUTO_CANDIDATES = ("ts", "platt", "isotonic")
+#: an EM prevalence estimate this close to 0 or 1 is "no signal" (the shipped probabilities are far
+#: from calibrated on the unlabelled CTs: not a pure prevalence change)
+EM_BOUND = 0.01
 
 
 def check_method(method: str) -> str:
@@ -238,6 +241,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         rows[key] = rep
     warnings = {n: fit_warnings(c, val["logits"], val["labels"]) for n, c in fitted.items()}
     flags = {n: no_signal(w) for n, w in warnings.items() if no_signal(w)}
+    if "em_prior" in priors and not EM_BOUND < priors["em_prior"] < 1 - EM_BOUND:
+        flags["em"] = [f"EM prevalence estimate {priors['em_prior']:.3f} at its bound: the shipped probabilities are "
+                       "far from calibrated on these CTs (a scanner or case-mix shift, not only a change of "
+                       "prevalence), so a prior adjustment does not apply: no signal"]
     n_events = int(min(int((val["labels"] == 1).sum()), int((val["labels"] == 0).sum())))
     temp = float(chosen_cal.temperature) if getattr(chosen_cal, "name", "") == "ts" else None
     ref_temp = float(ref_cal.temperature) if getattr(ref_cal, "name", "") == "ts" else None

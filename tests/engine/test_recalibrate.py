@@ -198,6 +198,21 @@ def test_prior_adjustment_and_em_undo_a_prevalence_shift_and_method_prior_stores
     np.testing.assert_allclose(stored.predict_proba(zt.numpy()), expected, atol=1e-12)
 
 
+def test_an_em_estimate_at_its_bound_is_flagged_no_signal(site, capsys, tmp_path):
+    """Unlabelled CTs on which the shipped model says 'cancer' for nearly all (a covariate shift): EM runs
+    to a prevalence of ~1 and the row is flagged, and tagged when it is the stored calibrator."""
+    zu, _ = _shifted(500, 3, 0.11)
+    site["fake"]["unlabelled"] = (zu + torch.tensor([0.0, 12.0]), torch.zeros(500, dtype=torch.long))
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    unl = tmp_path / "unlabelled.json"
+    unl.write_text(json.dumps({"rows": [{"image": "ct0.nii.gz"}]}))
+    assert _cli(site, "--method", "prior", "--unlabelled", str(unl), "--n-bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    assert "WARNING em: EM prevalence estimate" in out and "NO SIGNAL" in out
+    run = _site_runs(site)[1][0]
+    assert run.data.metrics["em_prior"] > 0.99 and "at its bound" in run.data.tags["lungcal.fit_warning"]
+
+
 def test_a_non_ts_reference_calibrator_is_the_shipped_row_and_its_source_prior(site, capsys, tmp_path):
     zv, yv = _overconfident(300, 7, 2.0)
     platt = PlattScaler().fit(zv, yv)
