@@ -29,12 +29,13 @@ import torch
 
 from lungcal.errors import ConfigError, DataError
 
-__all__ = ["adjust_to_prior", "estimate_prior_em"]
+__all__ = ["adjust_to_prior", "estimate_prior_em", "check_prior"]
 
 _PROB_TOL = 1e-6
 
 
-def _check_prior(value: Any, field: str) -> float:
+def check_prior(value: Any, field: str = "prior") -> float:
+    """A prevalence strictly between 0 and 1 as a float, else a ConfigError naming ``field`` and the fix."""
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -92,8 +93,8 @@ def adjust_to_prior(probs, source_prior: float, target_prior: float):
         Saerens, Latinne, Decaestecker. Neural Computation 14(1), 21-41 (2002), eq. 2.4.
         https://doi.org/10.1162/089976602753284446
     """
-    s1 = _check_prior(source_prior, "source_prior")
-    t1 = _check_prior(target_prior, "target_prior")
+    s1 = check_prior(source_prior, "source_prior")
+    t1 = check_prior(target_prior, "target_prior")
     p1, two, is_t, orig = _positive_probs(probs)
     q = _reweight(p1, t1 / s1, (1.0 - t1) / (1.0 - s1))
     out = np.stack([1.0 - q, q], axis=1) if two else q
@@ -130,7 +131,7 @@ def estimate_prior_em(probs, source_prior: float, tol: float = 1e-10, max_iter: 
         Probabilities: A Simple Procedure." Neural Computation 14(1), 21-41 (2002), eq. 2.9-2.10.
         https://doi.org/10.1162/089976602753284446
     """
-    s1 = _check_prior(source_prior, "source_prior")
+    s1 = check_prior(source_prior, "source_prior")
     if not tol > 0 or int(max_iter) < 1:
         raise ConfigError(f"tol must be > 0 and max_iter >= 1, got tol={tol!r}, max_iter={max_iter!r}",
                           field="tol", fix="use the defaults tol=1e-10, max_iter=10000")

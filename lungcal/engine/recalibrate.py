@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from lungcal.calibration.metrics import ece_consistency_pvalue
-from lungcal.calibration.prior import adjust_to_prior, estimate_prior_em
+from lungcal.calibration.prior import adjust_to_prior, check_prior, estimate_prior_em
 from lungcal.calibration.scaling import CALIBRATORS, FEW_EVENTS, fit_warnings, make_calibrator, select_calibrator
 from lungcal.candidates.cache import build_bags
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
@@ -87,16 +87,8 @@ def check_method(method: str) -> str:
 
 
 def check_prevalence(value: Any, field: str = "--prevalence") -> float:
-    """A prevalence strictly between 0 and 1, else a ConfigError."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if not 0.0 < v < 1.0:
-        raise ConfigError(f"{field} must be a prevalence strictly between 0 and 1, got {value!r}", field=field,
-                          fix="give the fraction of cancers among the site's screened CTs, e.g. 0.11 for 11% "
-                              "(not a percentage, not 0 or 1)")
-    return v
+    """A prevalence strictly between 0 and 1, else a ConfigError (:func:`lungcal.calibration.prior.check_prior`)."""
+    return check_prior(value, field)
 
 
 def _site_rows(datalist: Path) -> tuple[list[dict], list[dict], str]:
