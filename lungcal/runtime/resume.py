@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock, Timeout
 from ignite.engine import Events
 from ignite.handlers import Checkpoint, DiskSaver
 from mlflow.tracking import MlflowClient
@@ -48,6 +49,36 @@ logger = logging.getLogger(__name__)
 #: config keys that do not change what a run computes: they are left out of its identity
 IDENTITY_EXCLUDE = ("run_name", "output_dir", "tracking_uri", "resume", "output", "_meta_", "_comment")
 _PREFIX = "resume"
+#: the run-identity locks this process holds (``<output_dir>/resume/<identity>.lock``)
+_HELD: dict[str, FileLock] = {}
+
+
+def claim_identity(directory: str | os.PathLike) -> None:
+    """Hold the lock of one run identity for this process, or refuse in one line.
+
+    Two processes training the same bundle with the same settings would share one resume state
+    and one MLflow run; the second is refused until the first ends (an OS file lock: a killed
+    process releases it). The same process may claim an identity again (a rerun after a failure).
+    """
+    key = f"{Path(directory)}.lock"
+    if key in _HELD:
+        return
+    Path(key).parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(key)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError("this run (the same bundle with the same settings) is already running in another process",
+                          file=key, field="resume",
+                          fix="wait for it to finish, or change a setting or output_dir to start another run") from None
+    _HELD[key] = lock
+
+
+def release_identity(directory: str | os.PathLike) -> None:
+    """Release the lock taken by :func:`claim_identity` (no-op when not held)."""
+    lock = _HELD.pop(f"{Path(directory)}.lock", None)
+    if lock is not None:
+        lock.release()
 
 
 class OutputError(LungcalError):
@@ -227,8 +258,9 @@ class TrainingResume:
         self.objects = {**{k: v for k, v in objects.items() if v is not None}, "run": self.record}
         self.enabled = bool(enabled)
         self.resumed_from = 0
+        claim_identity(self.dir)
         if not self.enabled:
-            self.clear()
+            shutil.rmtree(self.dir, ignore_errors=True)
         # n_saved=None: ignite would delete the previous file *before* writing the next one (a kill
         # in between would leave no state); older states are pruned after the new one is complete
         self.handler = Checkpoint(self.objects, AtomicDiskSaver(self.dir), filename_prefix=_PREFIX, n_saved=None,
@@ -257,7 +289,7 @@ class TrainingResume:
             except Exception:  # noqa: BLE001 - unknown run (or unreadable store: the tracker reports that)
                 logger.warning("resume state %s names MLflow run %s, which %s does not hold: starting afresh",
                                path, run_id, tracking_uri)
-                self.clear()
+                shutil.rmtree(self.dir, ignore_errors=True)  # the state goes; this run keeps its identity
                 return None
         return run_id
 
@@ -290,5 +322,6 @@ class TrainingResume:
                 old.unlink(missing_ok=True)
 
     def clear(self) -> None:
-        """Delete the state (the run finished, or ``--resume false``)."""
+        """Delete the state (the run finished) and release the run identity."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        release_identity(self.dir)

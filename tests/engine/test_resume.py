@@ -27,7 +27,15 @@ from monai.bundle import run
 
 from lungcal.data.synthetic import make_cohort
 from lungcal.runtime.exit_hook import find_lungcal_error
-from lungcal.runtime.resume import OutputError, RandomState, StepFilter, generators_of, run_identity
+from lungcal.runtime.resume import (
+    OutputError,
+    RandomState,
+    StepFilter,
+    claim_identity,
+    generators_of,
+    release_identity,
+    run_identity,
+)
 from lungcal.tracking import TAG_INIT_RUN, TAG_RESUMED_FROM, TAG_STAGE2, default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,3 +252,20 @@ def test_las_interrupted_after_its_run_opened_is_rerun_into_the_same_run(cohort,
             if r.info.run_name == "las_crash"]
     assert [r.info.status for r in runs] == ["FINISHED"] and "test/ece" in runs[0].data.metrics
     assert not list((store / "resume").glob("*/run.json"))
+
+
+def test_one_run_identity_runs_in_one_process_at_a_time(tmp_path):
+    """A second process training the same bundle with the same settings is refused in one line."""
+
+
+    ident = tmp_path / "resume" / "abc123"
+    claim_identity(ident)
+    claim_identity(ident)  # the same process may claim it again (a rerun after a failure)
+    code = ("import sys\nfrom lungcal.runtime.resume import claim_identity\n"
+            "from lungcal.errors import ConfigError\n"
+            "try:\n    claim_identity(sys.argv[1])\nexcept ConfigError as e:\n    print(e); sys.exit(2)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(ident)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "already running in another process" in out.stdout
+    release_identity(ident)
+    out = subprocess.run([sys.executable, "-c", code, str(ident)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
