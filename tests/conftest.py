@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lungcal.data.synthetic import make_cohort
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -37,3 +39,11 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"../shared is not beside this checkout (looked for {SHARED})")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def tiny_cohort(tmp_path_factory) -> Path:
+    """15 synthetic DICOM CTs at 5 mm (seed 1), made once per session; tests only read it."""
+    out = tmp_path_factory.mktemp("tiny_cohort")
+    return Path(make_cohort(out, n_subjects=15, prevalence=0.5, seed=1, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),
+                            formats=("dicom",), progress=False))

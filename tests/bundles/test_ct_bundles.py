@@ -20,7 +20,6 @@ import torch
 from mlflow.tracking import MlflowClient
 from monai.bundle import ckpt_export, run
 
-from lungcal.data.synthetic import make_cohort
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
@@ -47,13 +46,6 @@ RESNET10 = {
 #: the tiny cohort is at 5 mm: series checks that accept its slices and pixels (the defaults refuse both)
 TINY_QC = {"_target_": "lungcal.ct.qc.QCConfig", "max_slice_thickness_mm": 6.0, "warn_slice_thickness_mm": 6.0,
            "max_pixel_mm": 6.0}
-
-
-@pytest.fixture(scope="module")
-def tiny_cohort(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cohort")
-    return Path(make_cohort(out, n_subjects=15, prevalence=0.5, seed=1, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),
-                            formats=("dicom",), progress=False))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import torch
 from mlflow.tracking import MlflowClient
 from monai.bundle import run
 
-from lungcal.data.synthetic import make_cohort
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.runtime.resume import (
     OutputError,
@@ -48,10 +47,8 @@ FINAL = ("test/auc", "test/ece", "test/nll", "test/brier", "best/val_auc", "best
 
 
 @pytest.fixture(scope="module")
-def cohort(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cohort")
-    return Path(make_cohort(out, n_subjects=15, prevalence=0.5, seed=1, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),
-                            formats=("dicom",), progress=False))
+def cohort(tiny_cohort) -> Path:
+    return tiny_cohort  # the session's tiny cohort (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
