@@ -53,6 +53,7 @@ from .selective import (
     selective_report,
     uncertainty_score,
 )
+from .uncertainty import decompose_uncertainty, log_probs
 
 __all__ = [
     "REPORT_METRICS", "BINARY_REPORT_METRICS", "accuracy", "adaptive_ece", "auroc", "brier_score",
@@ -64,5 +65,5 @@ __all__ = [
     "CALIBRATORS", "make_calibrator", "calibrator_from_json", "select_calibrator", "fit_warnings",
     "adjust_to_prior", "estimate_prior_em",
     "risk_coverage", "aurc", "metrics_at_coverage", "selective_report", "predictive_entropy", "mutual_information",
-    "uncertainty_score",
+    "uncertainty_score", "decompose_uncertainty", "log_probs",
 ]
