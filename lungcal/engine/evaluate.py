@@ -15,7 +15,7 @@ import torch
 
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
-from lungcal.calibration.selective import selective_report
+from lungcal.calibration.selective import predictive_entropy, selective_report
 from lungcal.paths import atomic_write
 
 __all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
@@ -33,19 +33,23 @@ def evaluate_probs(probs, labels, *, n_bins: int = 10, n_bootstrap: int = 1000, 
 
 
 def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, probs,
-                      attention=None, candidates: Sequence[Mapping[str, Any]] | None = None) -> Path:
-    """Write ``subject,label,probability[,top_attention,top_candidate_*]`` rows (atomic).
+                      attention=None, candidates: Sequence[Mapping[str, Any]] | None = None,
+                      entropy=None, mi=None) -> Path:
+    """Write ``subject,label,probability[,entropy][,mi][,top_attention,top_candidate_*]`` rows (atomic).
 
-    ``probability`` is p(cancer) (class 1). ``candidates[i]`` may hold the world coordinates
-    (``world``, mm) and ``score`` of the candidates of CT ``i``, aligned with the attention slots;
-    the most attended candidate's are written.
+    ``probability`` is p(cancer) (class 1); ``entropy`` / ``mi`` (nats, per CT) are the predictive
+    entropy and the mutual information of MC-dropout samples or ensemble members, when given.
+    ``candidates[i]`` may hold the world coordinates (``world``, mm) and ``score`` of the
+    candidates of CT ``i``, aligned with the attention slots; the most attended candidate's are written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     probs = np.asarray(probs)
     p1 = probs[:, 1] if probs.ndim == 2 else probs
     att = None if attention is None else np.asarray(attention)
-    header = ["subject", "label", "probability"]
+    extra = [(name, np.asarray(v, dtype=np.float64)) for name, v in (("entropy", entropy), ("mi", mi))
+             if v is not None]
+    header = ["subject", "label", "probability"] + [name for name, _ in extra]
     if att is not None:
         header += ["top_attention", "top_slot"]
         if candidates is not None:
@@ -55,6 +59,7 @@ def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, 
         w.writerow(header)
         for i, subj in enumerate(subjects):
             row = [subj, int(np.asarray(labels)[i]) if labels is not None else "", f"{p1[i]:.6f}"]
+            row += [f"{v[i]:.6f}" for _, v in extra]
             if att is not None:
                 j = int(np.argmax(att[i]))
                 row += [f"{att[i, j]:.6f}", j]
@@ -72,8 +77,12 @@ def write_predictions(path: str | os.PathLike, subjects: Sequence[str], labels, 
 
 def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, n_bins: int,
               subjects: Sequence[str] | None = None, attention=None, candidates=None,
-              workdir: str | os.PathLike, title: str = "") -> None:
+              workdir: str | os.PathLike, title: str = "", mi=None) -> None:
     """Log a split's report (``{split}/{metric}``), reliability diagram and predictions CSV.
+
+    Every CT's predictive entropy of ``probs`` goes into the CSV (column ``entropy``) and its mean
+    into ``{split}/mean_entropy``; ``mi`` (per CT, from MC-dropout samples or ensemble members)
+    into column ``mi`` and ``{split}/mean_mi``.
 
     Binary tasks also get the referral metrics of
     :func:`lungcal.calibration.selective.selective_report` (ranked by confidence; ``@`` is not
@@ -84,6 +93,11 @@ def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, 
     """
     tracker.log_report(split, report)
     p_arr = np.asarray(probs)
+    entropy = predictive_entropy(p_arr)
+    unc = {"mean_entropy": float(entropy.mean())} if entropy.size else {}
+    if mi is not None and np.asarray(mi).size:
+        unc["mean_mi"] = float(np.mean(mi))
+    tracker.log_report(split, unc)
     if p_arr.ndim == 1 or p_arr.shape[1] == 2:
         tracker.log_report(split, selective_report(p_arr, np.asarray(labels), coverage=0.9))
         tracker.log_figure(risk_coverage_plot(p_arr, np.asarray(labels), title=f"{title} {split}".strip()),
@@ -93,5 +107,5 @@ def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, 
     tracker.log_figure(fig, f"plots/{split}_reliability.png")
     if subjects is not None:
         p = write_predictions(Path(workdir) / f"{split}_predictions.csv", subjects, labels, probs, attention,
-                              candidates)
+                              candidates, entropy=entropy, mi=mi)
         tracker.log_artifact(p, "predictions")

@@ -34,7 +34,7 @@ from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.handlers import AtomicCheckpoint, EpochMetricsLogger
 from lungcal.engine.posthoc import run_post_hoc
-from lungcal.engine.predict import predict
+from lungcal.engine.predict import check_mc_samples, predict, predict_uncertainty
 from lungcal.engine.summary import summary_lines
 from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device, seed_everything
@@ -89,6 +89,13 @@ class Stage1Run:
         resume: continue an interrupted run of the same config (default); ``False`` starts afresh.
         init_run_id / init_checkpoint: fine-tune from this stage-1 run's (or file's) weights.
         freeze_encoder: with an init model, train only the head (the encoder's weights stay).
+        mc_samples: 0 (default) evaluates the trained network once in eval mode; T >= 1 evaluates
+            it by MC dropout, the mean softmax of T seeded passes with dropout on
+            (:func:`lungcal.engine.predict.predict_uncertainty`): the test metrics, the predictions
+            and ``test/mean_mi`` are the MC mean's, and the post-hoc calibrators are fitted on
+            ``log`` of the validation MC mean. A network without dropout is a ``ConfigError``.
+        parent_run_id: nest this run under that MLflow run (an ensemble's parent run).
+        extra_tags: more tags for the stage-1 run (not its post-hoc runs), e.g. ``lungcal.ensemble``.
     """
 
     def __init__(self, network: nn.Module, trainer, cohort: CTCohort, checkpoint: AtomicCheckpoint,
@@ -98,7 +105,8 @@ class Stage1Run:
                  device: str | None = "auto", network_def: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT, lr_scheduler=None,
                  resume: bool = True, init_run_id: str | None = None, init_checkpoint: str | None = None,
-                 freeze_encoder: bool = False) -> None:
+                 freeze_encoder: bool = False, mc_samples: int = 0, parent_run_id: str | None = None,
+                 extra_tags: Mapping[str, str] | None = None) -> None:
         if int(epochs) < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}", field="epochs", fix="set epochs to 1 or more")
         self.network, self.trainer, self.cohort = network, trainer, cohort
@@ -126,6 +134,9 @@ class Stage1Run:
         if self.freeze_encoder and not (self.init_run_id or self.init_checkpoint):
             raise ConfigError("freeze_encoder needs a trained model to start from", field="freeze_encoder",
                               fix="set init_run_id or init_checkpoint, or freeze_encoder false")
+        self.mc_samples = check_mc_samples(network, mc_samples)
+        self.parent_run_id = parent_run_id or None
+        self.extra_tags = {str(k): str(v) for k, v in (extra_tags or {}).items()}
         self.result: dict[str, Any] = {}
 
     def identity(self) -> str:
@@ -165,7 +176,7 @@ class Stage1Run:
 
     def _tags(self, stage2: str) -> dict[str, str]:
         return {TAG_DATASET: self.cohort.source, TAG_STAGE1: self.method, TAG_STAGE2: stage2,
-                TAG_SITE: self.cohort.site}
+                TAG_SITE: self.cohort.site, **(self.extra_tags if stage2 == "none" else {})}
 
     def params(self) -> dict[str, Any]:
         """The flattened-config params: named hyperparameters, network and loss, datalist source and hash."""
@@ -197,7 +208,7 @@ class Stage1Run:
         state = self.training_state()
         previous = state.run_id(self.tracking_uri)
         with RunTracker(self.experiment, self.run_name, tracking_uri=self.tracking_uri,
-                        tags=self._tags("none"), run_id=previous) as tracker:
+                        tags=self._tags("none"), run_id=previous, parent_run_id=self.parent_run_id) as tracker:
             ckdir = self.output_dir / "checkpoints" / tracker.run_id
             self.checkpoint.bind(ckdir, extra={"network_def": self.network_def, "method": self.method,
                                                "bag_params": json.dumps(self.cohort.bag_params)})
@@ -220,16 +231,17 @@ class Stage1Run:
             best = torch.load(self.checkpoint.best_path, map_location="cpu", weights_only=True)
             net.load_state_dict(best["state_dict"])
             tracker.log_metrics({"best/epoch": best["epoch"], "best/val_auc": best["metric"]})
-            out = {s: predict(net, self.cohort.loader(s, self.batch_size), self.device) for s in ("val", "test")}
+            out = {s: predict_uncertainty(net, self.cohort.loader(s, self.batch_size), self.device,
+                                          mc_samples=self.mc_samples, seed=self.seed) for s in ("val", "test")}
             test, val = self.cohort.splits["test"], self.cohort.splits["val"]
-            p_test = probabilities(out["test"]["logits"])
+            p_test = out["test"]["probs"]  # mc_samples 0: exactly probabilities(logits)
             rep_test = evaluate_probs(p_test, test["labels"], n_bins=self.n_bins, n_bootstrap=self.n_bootstrap,
                                       seed=self.seed)
-            rep_val = evaluate_probs(probabilities(out["val"]["logits"]), val["labels"], n_bins=self.n_bins,
+            rep_val = evaluate_probs(out["val"]["probs"], val["labels"], n_bins=self.n_bins,
                                      n_bootstrap=0, seed=self.seed)
             log_split(tracker, "test", p_test, test["labels"], rep_test, n_bins=self.n_bins, subjects=test["subjects"],
                       attention=out["test"]["attention"], candidates=test["candidates"], workdir=ckdir / "eval",
-                      title=self.method)
+                      title=self.method, mi=out["test"]["mi"] if self.mc_samples else None)
             tracker.log_report("val", {k: v for k, v in rep_val.items() if "_ci_" not in k})
             tracker.log_model(net, extra={"network_def": self.network_def})
             tracker.log_artifact(self.checkpoint.best_path, "checkpoint")
@@ -242,7 +254,8 @@ class Stage1Run:
                             tracking_uri=self.tracking_uri, workdir=ckdir / "eval", title=self.method,
                             experiment=self.experiment)
         self.result = {"stage1_run_id": stage1_id, "test": rep_test, "checkpoint": str(self.checkpoint.best_path),
-                       "post_hoc": {r["name"]: r for r in post}, "resumed_from_epoch": resumed}
+                       "post_hoc": {r["name"]: r for r in post}, "resumed_from_epoch": resumed,
+                       "predictions": out, "network_def": self.network_def, "bag_params": self.cohort.bag_params}
         title = f"{self.method} (stage 1)" + "".join(f" + {r['name'].upper()}" for r in post)
         rows = [(self.method, rep_test)] + [(f"{self.method}+{r['name'].upper()}", r["test"]) for r in post]
         text = summary_lines(title, rows, self.output_dir, self.tracking_uri, [stage1_id] + [r["run_id"] for r in post])
