@@ -32,12 +32,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datalist", default=None,
                    help="datalist JSON for the CT bundles (default: the synthetic demo cohort; with --preset full "
                         "the NLST-like study cohort, generated once)")
-    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI: sqlite:///..., postgresql://USER@HOST:5432/DB (a team store) or "
+                        "http(s)://SERVER (default: the project's SQLite store)")
     p.add_argument("--bundle-dir", default=None, help="folder with the bundle JSONs (default: ./bundles)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (run / skip) and exit")
     p.add_argument("--force", action="store_true", help="rerun configurations that already have a finished run")
     p.add_argument("--in-process", action="store_true",
                    help="run bundles with monai.bundle.run in this process (faster start, no isolation)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="run up to N jobs at once, each in its own process (default 1); a LAS job waits for its "
+                        "stage-1 job. Each job still uses its own num_workers for bags: split the cores. Many "
+                        "writers: a PostgreSQL store (--tracking-uri postgresql://..., the [team] extra)")
     p.set_defaults(func=_study)
 
     p = subparsers.add_parser(
@@ -74,7 +80,7 @@ def _study(args: argparse.Namespace) -> int:
     print_plan(plan)
     if args.dry_run:
         return 0
-    results = run_study(plan)
+    results = run_study(plan, workers=args.workers)
     failed = [r for r in results if r.status == "failed"]
     return 1 if failed else 0
 

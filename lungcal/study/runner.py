@@ -15,21 +15,30 @@ interrupted study continues where it stopped and a study with other settings doe
 Bundles run as subprocesses (``python -m monai.bundle run --config_file ... --key value``) from
 the project root, so ``%`` macros resolve as on the command line and a crash in one job cannot
 take the study down; each job's output goes to ``<output_dir>/study_logs/``.
+
+Parallel jobs (``workers > 1``): up to ``workers`` bundle subprocesses run at once against the one
+tracking store; a LAS job starts only once its stage-1 job has finished. This process alone talks
+to MLflow about the plan (it opens the store, creating its tables, before any job starts; it finds
+LAS parents and tags runs); each job finds its own runs by the ``lungcal.study_job`` tag that every
+run of the job carries (:data:`~lungcal.tracking.names.ENV_STUDY_JOB` in the job's environment),
+not by start time, so two jobs that run side by side never claim each other's runs. SQLite takes
+one writer at a time (MLflow waits up to 20 s for its lock); a PostgreSQL store
+(``postgresql://``, the ``[team]`` extra) takes many.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import json
 import os
 import subprocess
 import sys
-import time
 import traceback
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
 from monai.bundle import run as monai_bundle_run
 from tqdm.auto import tqdm
 
@@ -37,8 +46,8 @@ from lungcal.data.synthetic import cohort_datalist_path, ensure_cohort
 from lungcal.errors import ConfigError
 from lungcal.paths import default_output_dir
 from lungcal.study.report import normalise_stage2
-from lungcal.tracking.names import TAG_STAGE1, TAG_STAGE2, TAG_STUDY_KEY, TAG_STUDY_PRESET
-from lungcal.tracking.tracker import default_tracking_uri
+from lungcal.tracking.names import ENV_STUDY_JOB, TAG_STAGE2, TAG_STUDY_JOB, TAG_STUDY_KEY, TAG_STUDY_PRESET
+from lungcal.tracking.tracker import default_tracking_uri, open_store, redact_uri
 
 __all__ = [
     "DATASETS",
@@ -148,7 +157,9 @@ class StudyPlan:
     tracking_uri: str
     output_dir: Path
     project_dir: Path
-    runner: Callable[[Path, Mapping[str, object], Path, Path], int] | None = None
+    #: ``runner(bundle, overrides, cwd, log, env=...) -> exit code``; ``env`` holds extra environment
+    #: variables for the job (its :data:`~lungcal.tracking.names.ENV_STUDY_JOB`).
+    runner: Callable[..., int] | None = None
 
 
 @dataclass
@@ -222,7 +233,7 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
     uri = tracking_uri or default_tracking_uri(out)
     # a plan (or a dry run) must not create a store: a missing SQLite file simply holds no runs
     fresh = uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists()
-    client = None if fresh else MlflowClient(tracking_uri=uri)
+    client = None if fresh else open_store(uri)
     jobs: list[Job] = []
     seed_list: list[int | None] = [int(x) for x in seeds] if seeds else [None]
     for ds, s1, seed in ((d, m, x) for d in datasets for m in stage1 for x in seed_list):
@@ -270,28 +281,36 @@ def print_plan(plan: StudyPlan, file=None) -> None:
     file = file or sys.stdout
     todo = sum(not j.skip for j in plan.jobs)
     print(f"study plan: {len(plan.jobs)} jobs, {todo} to run, {len(plan.jobs) - todo} already finished "
-          f"(tracking {plan.tracking_uri})", file=file)
+          f"(tracking {redact_uri(plan.tracking_uri)})", file=file)
     for j in plan.jobs:
         state = "skip" if j.skip else "run "
         ov = " ".join(f"--{k} {v}" for k, v in j.overrides.items())
         print(f"  [{state}] {j.label:<28} {j.bundle.name} {ov}".rstrip(), file=file)
 
 
-def subprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path) -> int:
-    """Run a bundle as ``python -m monai.bundle run`` in ``cwd``, output to ``log``; the exit code."""
+def subprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path,
+                      env: Mapping[str, str] | None = None) -> int:
+    """Run a bundle as ``python -m monai.bundle run`` in ``cwd``, output to ``log``; the exit code.
+
+    ``env``: extra environment variables for the bundle's process.
+    """
     with log.open("w") as fh:
         return subprocess.call(bundle_command(bundle, overrides), cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
-def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path) -> int:
-    """Run a bundle with ``monai.bundle.run`` in this process (faster start; no isolation).
+def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path,
+                     env: Mapping[str, str] | None = None) -> int:
+    """Run a bundle with ``monai.bundle.run`` in this process (faster start; no isolation; one job at a time).
 
-    The traceback of a failure goes to ``log``; returns 0 or 1.
+    ``env`` is set in this process's environment for the job and restored after. The traceback of
+    a failure goes to ``log``; returns 0 or 1.
     """
     old = Path.cwd()
+    saved = {k: os.environ.get(k) for k in (env or {})}
     try:
         os.chdir(cwd)
+        os.environ.update(env or {})
         monai_bundle_run(config_file=str(bundle), **dict(overrides))
         log.write_text(f"{bundle}: finished\n")
         return 0
@@ -300,6 +319,11 @@ def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, l
         return 1
     finally:
         os.chdir(old)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def bundle_command(bundle: Path, overrides: Mapping[str, object]) -> list[str]:
@@ -310,14 +334,13 @@ def bundle_command(bundle: Path, overrides: Mapping[str, object]) -> list[str]:
     return cmd
 
 
-def _tag_new_runs(client, experiment: str, job: Job, since_ms: int) -> list[str]:
-    """Tag the FINISHED runs this job produced (started after ``since_ms``) with its study key."""
+def _tag_new_runs(client, experiment: str, job: Job, token: str) -> list[str]:
+    """Tag the FINISHED runs this job attempt produced (tag ``lungcal.study_job = token``) with its study key."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
     runs = client.search_runs([exp.experiment_id],
-                              filter_string=f"attributes.status = 'FINISHED' and tags.`{TAG_STAGE1}` = '{job.stage1}' "
-                                            f"and attributes.start_time >= {since_ms}",
+                              filter_string=f"attributes.status = 'FINISHED' and tags.`{TAG_STUDY_JOB}` = '{token}'",
                               order_by=["attributes.start_time DESC"], max_results=100)
     ids = []
     for r in runs:
@@ -328,55 +351,123 @@ def _tag_new_runs(client, experiment: str, job: Job, since_ms: int) -> list[str]
     return ids
 
 
-def run_study(plan: StudyPlan, progress: bool = True) -> list[JobResult]:
-    """Run the plan's jobs in order (stage 1 before its LAS job), with a tqdm progress bar.
+@dataclass
+class _Launch:
+    """A job ready to run: its overrides (with the tracking URI and LAS parent), log and attempt token."""
 
-    A failing job is recorded and the study goes on (its LAS job is then skipped); the log path is
-    printed. Returns one :class:`JobResult` per job.
+    index: int
+    overrides: dict[str, object]
+    log: Path
+    token: str
+
+
+def _prepare(plan: StudyPlan, client, index: int, logs: Path) -> _Launch | JobResult:
+    """What a job needs before it starts (its cohort, its stage-1 run), or its result if it cannot start."""
+    job = plan.jobs[index]
+    if job.cohort and not Path(str(job.overrides["datalist"])).is_file():
+        tqdm.write(f"study: generating the synthetic '{job.cohort}' cohort (once) for {job.label}")
+        ensure_cohort(job.cohort, Path(str(job.overrides["datalist"])).parent.parent)
+    ov = dict(job.overrides)
+    ov["tracking_uri"] = plan.tracking_uri
+    if job.kind == "las":
+        parents = [r for r in _finished_runs(client, DATASETS[job.dataset].experiment, job.study_key)
+                   if _stage2_of(r) == "none"]
+        if not parents:
+            return JobResult(job, "failed", message="no finished stage-1 run to start LAS from")
+        ov[DATASETS[job.dataset].las_parent_key] = parents[0].info.run_id
+    log = logs / f"{job.dataset}_{job.stage1}_{job.kind}_{job.study_key}.log"
+    return _Launch(index, ov, log, uuid.uuid4().hex)
+
+
+def _conclude(client, job: Job, launch: _Launch, rc: int) -> JobResult:
+    """A finished job attempt's result: its runs tagged with the study key, or why it failed."""
+    ids = _tag_new_runs(client, DATASETS[job.dataset].experiment, job, launch.token) if rc == 0 else []
+    missing = [m for m in job.missing if m not in {_stage2_of(client.get_run(i)) for i in ids}]
+    if rc != 0 or missing:
+        msg = f"exit code {rc}" if rc else f"no finished run for {missing}"
+        tqdm.write(f"study: {job.label} failed ({msg}); see {launch.log}", file=sys.stderr)
+        return JobResult(job, "failed", ids, launch.log, msg)
+    return JobResult(job, "finished", ids, launch.log)
+
+
+def run_study(plan: StudyPlan, progress: bool = True, workers: int = 1) -> list[JobResult]:
+    """Run the plan's jobs, up to ``workers`` at a time, each LAS job after its stage-1 job.
+
+    Jobs start in plan order as workers free up; a LAS job waits for its stage-1 job (a skipped,
+    already finished stage-1 job does not hold it). A failing job is recorded and the study goes on
+    (its LAS job is then failed without running); the log path is printed. Returns one
+    :class:`JobResult` per job, in plan order.
+
+    Raises:
+        ConfigError: ``workers < 1``, or ``workers > 1`` with the in-process runner (one job at a time).
+        TrackingError: the store cannot be opened.
     """
-    client = MlflowClient(tracking_uri=plan.tracking_uri)
+    workers = int(workers)
+    runner = plan.runner or subprocess_runner
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, not {workers}", field="--workers",
+                          fix="use --workers 1 or more")
+    if workers > 1 and runner is inprocess_runner:
+        raise ConfigError("--in-process runs one job at a time", field="--workers",
+                          fix="drop --in-process to run jobs in parallel, or use --workers 1")
+    client = open_store(plan.tracking_uri)  # tables made here, once, not by racing jobs
     logs = plan.output_dir / "study_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runner = plan.runner or subprocess_runner
-    results: list[JobResult] = []
-    failed_s1: set[str] = set()  # study keys of failed stage-1 jobs
-    bar = tqdm(plan.jobs, desc="study", unit="job", disable=not progress)
-    for job in bar:
-        bar.set_postfix_str(job.label)
+    jobs = plan.jobs
+    results: list[JobResult | None] = [None] * len(jobs)
+    stage1_of = {j.study_key: i for i, j in enumerate(jobs) if j.kind == "stage1" and not j.skip}
+    waiting: list[int] = []
+    for i, job in enumerate(jobs):
         if job.skip:
-            results.append(JobResult(job, "skipped", message="finished run in MLflow"))
-            continue
-        if job.kind == "las" and job.study_key in failed_s1:
-            results.append(JobResult(job, "failed", message="its stage-1 job failed"))
-            continue
-        if job.cohort and not Path(str(job.overrides["datalist"])).is_file():
-            tqdm.write(f"study: generating the synthetic '{job.cohort}' cohort (once) for {job.label}")
-            ensure_cohort(job.cohort, Path(str(job.overrides["datalist"])).parent.parent)
-        ov = dict(job.overrides)
-        ov["tracking_uri"] = plan.tracking_uri
-        if job.kind == "las":
-            parents = [r for r in _finished_runs(client, DATASETS[job.dataset].experiment, job.study_key)
-                       if _stage2_of(r) == "none"]
-            if not parents:
-                results.append(JobResult(job, "failed", message="no finished stage-1 run to start LAS from"))
-                continue
-            ov[DATASETS[job.dataset].las_parent_key] = parents[0].info.run_id
-        log = logs / f"{job.dataset}_{job.stage1}_{job.kind}_{job.study_key}.log"
-        since = int(time.time() * 1000) - 1000
-        rc = runner(job.bundle, ov, plan.project_dir, log)
-        ids = _tag_new_runs(client, DATASETS[job.dataset].experiment, job, since) if rc == 0 else []
-        missing = [m for m in job.missing if m not in {_stage2_of(client.get_run(i)) for i in ids}]
-        if rc != 0 or missing:
-            msg = f"exit code {rc}" if rc else f"no finished run for {missing}"
-            tqdm.write(f"study: {job.label} failed ({msg}); see {log}", file=sys.stderr)
-            if job.kind == "stage1":
-                failed_s1.add(job.study_key)
-            results.append(JobResult(job, "failed", ids, log, msg))
+            results[i] = JobResult(job, "skipped", message="finished run in MLflow")
         else:
-            results.append(JobResult(job, "finished", ids, log))
-    n = {s: sum(r.status == s for r in results) for s in ("finished", "skipped", "failed")}
+            waiting.append(i)
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(waiting), desc="study", unit="job", disable=not progress)
+    running: dict[cf.Future, _Launch] = {}
+
+    def ready(i: int) -> bool:
+        dep = stage1_of.get(jobs[i].study_key) if jobs[i].kind == "las" else None
+        return dep is None or results[dep] is not None
+
+    def record(i: int, result: JobResult) -> None:
+        results[i] = result
+        bar.update(1)
+
+    with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="study-job") as pool:
+        while waiting or running:
+            for i in [i for i in waiting if ready(i)]:
+                if len(running) >= workers:
+                    break
+                waiting.remove(i)
+                job = jobs[i]
+                dep = stage1_of.get(job.study_key) if job.kind == "las" else None
+                if dep is not None and results[dep].status == "failed":
+                    record(i, JobResult(job, "failed", message="its stage-1 job failed"))
+                    continue
+                launch = _prepare(plan, client, i, logs)
+                if isinstance(launch, JobResult):
+                    record(i, launch)
+                    continue
+                running[pool.submit(runner, job.bundle, launch.overrides, plan.project_dir, launch.log,
+                                    env={ENV_STUDY_JOB: launch.token})] = launch
+            if not running:
+                continue  # everything left became ready when the last job was recorded
+            bar.set_postfix_str(", ".join(jobs[x.index].label for x in running.values()))
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                launch = running.pop(fut)
+                try:
+                    rc = fut.result()
+                except Exception as exc:  # noqa: BLE001 - a runner that raises fails its job only
+                    launch.log.write_text(traceback.format_exc())
+                    rc = 1
+                    tqdm.write(f"study: {jobs[launch.index].label}: the runner raised {type(exc).__name__}",
+                               file=sys.stderr)
+                record(launch.index, _conclude(client, jobs[launch.index], launch, rc))
+    bar.close()
+    final = [r for r in results if r is not None]
+    n = {s: sum(r.status == s for r in final) for s in ("finished", "skipped", "failed")}
     print(f"study: {n['finished']} finished, {n['skipped']} skipped, {n['failed']} failed; "
           f"report: lungcal report --experiment {' / '.join(sorted({j.dataset for j in plan.jobs}))}"
-          + (f" --tracking-uri {plan.tracking_uri}" if plan.tracking_uri else ""))
-    return results
-
+          + (f" --tracking-uri {redact_uri(plan.tracking_uri)}" if plan.tracking_uri else ""))
+    return final

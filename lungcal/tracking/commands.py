@@ -5,6 +5,7 @@ Imports inside the command keep ``lungcal --help`` fast (the lint contract allow
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,32 +21,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``ui`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "ui", help="open the project's MLflow store in the MLflow UI",
-        description="Prints and runs `mlflow ui` on the project's SQLite store (bound to 127.0.0.1).")
-    p.add_argument("--tracking-uri", default=None, help="store to open (default: the project's SQLite store)")
+        description="Prints and runs `mlflow ui` on the project's SQLite store, or a team PostgreSQL store "
+        "(bound to 127.0.0.1).")
+    p.add_argument("--tracking-uri", default=None,
+                   help="store to open: sqlite:///... or postgresql://... (default: the project's SQLite store)")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--print-only", action="store_true", help="only print the command")
     p.set_defaults(func=_ui)
 
 
 def ui_command(tracking_uri: str | None = None, port: int = 5000) -> list[str]:
-    """The ``mlflow ui`` command line for a store (default: the project's SQLite store), loopback only."""
-    from lungcal.tracking.tracker import default_tracking_uri
+    """The ``mlflow ui`` command line for a store, loopback only.
+
+    The store is the project's SQLite file (default) or a team database (``postgresql://...``,
+    checked: driver installed, server answering). A tracking server (``http(s)://``) has its own UI.
+    """
+    from lungcal.tracking.tracker import check_tracking_uri, default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri()
-    if not uri.startswith("sqlite:///"):
-        raise ConfigError(f"`lungcal ui` opens a local SQLite store, not {uri!r}", field="--tracking-uri",
+    if re.match(r"^postgresql(\+\w+)?://", uri):
+        check_tracking_uri(uri)
+    elif not uri.startswith("sqlite:///"):
+        raise ConfigError(f"`lungcal ui` opens a SQLite or PostgreSQL store, not {uri!r}", field="--tracking-uri",
                           fix="open a team server's address in the browser instead")
-    db = Path(uri[len("sqlite:///"):])
-    if not db.exists():
-        raise ConfigError("no MLflow store here yet", file=db,
-                          fix="run a bundle first, or pass --tracking-uri sqlite:///<abs path>/mlflow.db")
+    else:
+        db = Path(uri[len("sqlite:///"):])
+        if not db.exists():
+            raise ConfigError("no MLflow store here yet", file=db,
+                              fix="run a bundle first, or pass --tracking-uri sqlite:///<abs path>/mlflow.db")
     exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
     return [exe, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
 
 
 def _ui(args: argparse.Namespace) -> int:
+    from lungcal.tracking.tracker import redact_uri
+
     cmd = ui_command(args.tracking_uri, args.port)
-    print("mlflow " + " ".join(shlex.quote(c) for c in cmd[1:]))
+    print("mlflow " + " ".join(shlex.quote(redact_uri(c)) for c in cmd[1:]))
     print(f"then open http://127.0.0.1:{args.port}")
     if args.print_only:
         return 0

@@ -18,6 +18,8 @@ __all__ = [
     "TAG_REPORT",
     "TAG_STUDY_KEY",
     "TAG_STUDY_PRESET",
+    "TAG_STUDY_JOB",
+    "ENV_STUDY_JOB",
     "TAG_OWNER_PID",
     "TAG_OWNER_HOST",
     "TAG_OWNER_START",
@@ -49,6 +51,11 @@ TAG_REPORT = "lungcal.report"
 #: a study job's identity and preset (see :mod:`lungcal.study.runner`).
 TAG_STUDY_KEY = "lungcal.study_key"
 TAG_STUDY_PRESET = "lungcal.study_preset"
+#: one attempt of one study job: ``lungcal study`` sets :data:`ENV_STUDY_JOB` in the job's
+#: environment and every run the job opens carries it, so jobs running side by side (``--workers``)
+#: each find exactly their own runs.
+TAG_STUDY_JOB = "lungcal.study_job"
+ENV_STUDY_JOB = "LUNGCAL_STUDY_JOB"
 
 #: the process that owns a run (see :mod:`lungcal.tracking.liveness`), and who ended it when the
 #: owner died (``reaper``).

@@ -4,7 +4,7 @@ One :class:`RunTracker` is one MLflow run, opened through :class:`mlflow.trackin
 (no global fluent state, so two trackers can be open at once: a stage-1 run and its linked
 stage-2 child). The tracking URI defaults to a SQLite store beside the run outputs,
 ``sqlite:///<output_dir>/mlflow.db``, with artifacts under ``<output_dir>/mlartifacts``; a team
-server is one ``tracking_uri`` away.
+store (``postgresql://...``) or server is one ``tracking_uri`` away.
 
 Names (see ``../shared/DESIGN.md``): final metrics ``{split}/{metric}``; tags
 ``lungcal.dataset``, ``lungcal.stage1``, ``lungcal.stage2``, ``lungcal.site`` and
@@ -33,11 +33,19 @@ import matplotlib.pyplot as plt
 import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from sqlalchemy.engine import make_url
 
 from lungcal.errors import TrackingError
 from lungcal.paths import default_output_dir
 from lungcal.tracking.liveness import owner_tags, reap_orphaned_runs
-from lungcal.tracking.names import EXPERIMENT_KIND_TRAINING, MLFLOW_EXPERIMENT_KIND, MLFLOW_PARENT, TAG_PARENT
+from lungcal.tracking.names import (
+    ENV_STUDY_JOB,
+    EXPERIMENT_KIND_TRAINING,
+    MLFLOW_EXPERIMENT_KIND,
+    MLFLOW_PARENT,
+    TAG_PARENT,
+    TAG_STUDY_JOB,
+)
 
 __all__ = [
     "default_tracking_uri",
@@ -47,6 +55,8 @@ __all__ = [
     "file_digest",
     "RunTracker",
     "check_tracking_uri",
+    "open_store",
+    "redact_uri",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,6 +65,9 @@ _MAX_PARAM_LEN = 6000
 _PARAM_BATCH = 100
 _METRIC_BATCH = 1000
 _KEY_BAD = re.compile(r"[^A-Za-z0-9_\-./ ]")
+_URI_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+#: where a PostgreSQL store's driver comes from (psycopg 3; SQLAlchemy >= 2.1 uses it for ``postgresql://``)
+_TEAM_FIX = 'pip install -e ".[team]"'
 _PATH_SUFFIX = re.compile(
     r"\.(json|csv|tsv|nii|nii\.gz|mha|mhd|nrrd|dcm|pt|pth|npz|npy|db|zip|txt|yaml|yml)$", re.I
 )
@@ -67,15 +80,21 @@ def default_tracking_uri(output_dir: str | Path | None = None) -> str:
 
 
 def artifact_root_for(tracking_uri: str) -> str | None:
-    """Artifact location for new experiments of a local SQLite store (``<db dir>/mlartifacts``).
+    """Artifact location for new experiments of a store that is a database, not a server.
 
-    Returns ``None`` for any other URI (a server decides its own artifact store).
+    A local SQLite store keeps them beside its file (``<db dir>/mlartifacts``); a database server
+    (``postgresql://``, ``mysql://``, ``mssql://``) under the project's output folder
+    (``<LUNGCAL_HOME or ./runs>/mlartifacts``), not in MLflow's default ``./mlruns`` of whatever
+    folder the first run started in. Returns ``None`` for a tracking server (``http(s)://``): it
+    decides its own artifact store.
     """
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):])
         if not db.is_absolute():  # "sqlite:///rel.db" is relative in SQLAlchemy
             db = db.resolve()
         return (db.parent / "mlartifacts").as_uri()
+    if re.match(r"^(postgresql|mysql|mssql)(\+\w+)?://", tracking_uri):
+        return (default_output_dir() / "mlartifacts").as_uri()
     return None
 
 
@@ -125,7 +144,8 @@ def _short_hash(text: str) -> str:
 def privacy_filter(params: Mapping[str, str]) -> dict[str, str]:
     """Replace every path-like value with ``path:<sha256[:12]>`` (paths can carry identifiers).
 
-    Expressions (``$...``) that mention a path are hashed too. Everything else is kept.
+    Expressions (``$...``) that mention a path are hashed too; a URL's password becomes ``***``.
+    Everything else is kept.
     """
     out = {}
     for k, v in params.items():
@@ -133,7 +153,7 @@ def privacy_filter(params: Mapping[str, str]) -> dict[str, str]:
         if _looks_like_path(s) or (s.startswith("$") and ("/" in s or "\\" in s)):
             out[k] = f"path:{_short_hash(s)}"
         else:
-            out[k] = s
+            out[k] = redact_uri(s)  # a database URL's password never reaches a param
     return out
 
 
@@ -146,11 +166,42 @@ def file_digest(path: str | Path, n: int = 16) -> str:
     return h.hexdigest()[:n]
 
 
+def redact_uri(uri: str) -> str:
+    """``uri`` with any password replaced by ``***`` (``postgresql://me:***@host/db``), for printing."""
+    return _URI_PASSWORD.sub(r"\1***@", uri)
+
+
+def _check_postgresql(uri: str, timeout: float) -> None:
+    """A ``postgresql[+driver]://`` store: its driver is installed and, over TCP, its server answers."""
+    shown = redact_uri(uri)
+    try:
+        url = make_url(uri)
+        dialect = url.get_dialect()
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the URI's fault
+        raise TrackingError(f"cannot read the PostgreSQL tracking URI {shown!r} ({exc})", field="tracking_uri",
+                            fix="write postgresql://USER@HOST:5432/DATABASE") from exc
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise TrackingError(f"the PostgreSQL driver {dialect.driver!r} is not installed (tracking URI {shown!r})",
+                            field="tracking_uri", fix=_TEAM_FIX) from exc
+    host = url.host or ""
+    if not host or host.startswith("/"):
+        return  # a Unix socket (libpq's default): nothing to probe
+    try:
+        socket.create_connection((host, url.port or 5432), timeout=timeout).close()
+    except OSError as exc:
+        raise TrackingError(f"PostgreSQL server {shown!r} does not answer ({exc.strerror or exc})",
+                            field="tracking_uri",
+                            fix="start PostgreSQL or check the host and port of the URI") from exc
+
+
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Refuse, in one line, a store that cannot work: an unknown scheme, or a server that does not answer.
 
-    ``sqlite:///`` gets its folder created; an ``http(s)://`` server must accept a TCP connection
-    within ``timeout`` seconds (MLflow's own client would retry for minutes).
+    ``sqlite:///`` gets its folder created; an ``http(s)://`` server, or a ``postgresql://`` server
+    reached over TCP, must accept a connection within ``timeout`` seconds (MLflow's own client would
+    retry for minutes); a ``postgresql://`` store also needs its driver (the ``[team]`` extra).
 
     Raises:
         TrackingError: naming the URI and the fix.
@@ -167,6 +218,9 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
             raise TrackingError(f"the MLflow store's folder is not writable ({uri!r})", file=folder,
                                 field="tracking_uri", fix=fix)
         return
+    if re.match(r"^postgresql(\+\w+)?://", uri):
+        _check_postgresql(uri, timeout)
+        return
     if not re.match(r"^(https?|databricks|postgresql|mysql|mssql)", uri):
         raise TrackingError(f"unsupported MLflow tracking URI {uri!r}", field="tracking_uri",
                             fix="use sqlite:///<abs path>/mlflow.db, postgresql://..., or an http(s):// server")
@@ -178,6 +232,26 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         except OSError as exc:
             raise TrackingError(f"MLflow server {uri!r} does not answer ({exc.strerror or exc})", field="tracking_uri",
                                 fix="start the server (mlflow server ...) or check the address and port") from exc
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client on ``uri`` whose store exists: checked (:func:`check_tracking_uri`), tables created.
+
+    Opening a new database store creates MLflow's tables; doing it once here, before parallel study
+    jobs open the same store, keeps them from racing to create the tables.
+
+    Raises:
+        TrackingError: the store cannot be opened (naming the URI without its password).
+    """
+    check_tracking_uri(uri)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - any backend failure is a tracking error
+        raise TrackingError(f"cannot open MLflow store {redact_uri(uri)!r}: {str(exc).splitlines()[0]}",
+                            field="tracking_uri",
+                            fix="check the path is writable, the database exists and the user may write it") from exc
+    return client
 
 
 def _clean_key(key: str) -> str:
@@ -194,8 +268,9 @@ class RunTracker:
         experiment: MLflow experiment name (``nlst``, ``cifar10``, ``cifar10lt``); created on first
             use with artifacts under ``<store dir>/mlartifacts`` for a SQLite store.
         run_name: explicit run name (never reuse an unfinished run).
-        tracking_uri: MLflow URI; defaults to :func:`default_tracking_uri`. ``sqlite:///`` or a
-            server URL (file stores are rejected by MLflow 3).
+        tracking_uri: MLflow URI; defaults to :func:`default_tracking_uri`. ``sqlite:///``,
+            ``postgresql://`` (a team store; the ``[team]`` extra) or a server URL (file stores are
+            rejected by MLflow 3).
         tags: tags to set at creation (``lungcal.*``; values are strings).
         parent_run_id: the stage-1 run this run derives from; sets ``lungcal.parent_run`` and
             MLflow's ``mlflow.parentRunId`` so the UI nests the child run.
@@ -224,6 +299,8 @@ class RunTracker:
                 logger.debug("could not check for orphaned runs", exc_info=True)
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
             all_tags.update(owner_tags())
+            if os.environ.get(ENV_STUDY_JOB):  # a `lungcal study` job: lets the study find this job's runs
+                all_tags[TAG_STUDY_JOB] = os.environ[ENV_STUDY_JOB]
             if parent_run_id:
                 all_tags[TAG_PARENT] = parent_run_id
                 all_tags[MLFLOW_PARENT] = parent_run_id
@@ -237,7 +314,7 @@ class RunTracker:
             raise
         except Exception as exc:  # noqa: BLE001 - any backend failure is a tracking error
             raise TrackingError(
-                f"cannot open MLflow store {self.tracking_uri!r}: {exc}",
+                f"cannot open MLflow store {redact_uri(self.tracking_uri)!r}: {exc}",
                 field="tracking_uri",
                 fix="check the path is writable or the server reachable",
             ) from exc
