@@ -60,7 +60,7 @@ from lungcal.errors import CacheError, ConfigError, DataError
 from lungcal.paths import atomic_write
 
 __all__ = ["CACHE_VERSION", "code_fingerprint", "BagParams", "BagCache", "hash_source", "compute_bag", "build_bags",
-           "load_bag", "masker_config", "masker_from_config"]
+           "build_entry", "row_failure", "load_bag", "masker_config", "masker_from_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def _hash_file(h, f: Path, mode: str) -> None:
 
 
 #: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint)
-_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "evaluate.py", "froc.py"}
+_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "bagfile.py", "evaluate.py", "froc.py"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -355,10 +355,22 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
     }
 
 
-def _build_one(source: str, params: BagParams, root: str, source_mode: str, preprocess) -> str:
+def build_entry(source: str, params: BagParams, root: str, source_mode: str = "content",
+                preprocess=None) -> tuple[str, bool]:
+    """The cache entry of one CT, built unless present: ``(path, built)``; one task of any bag builder."""
     cache = BagCache(root, source_mode)
     key = cache.key(source, params)
-    return str(cache.get_or_build(key, lambda: compute_bag(source, params, preprocess)))
+    built = []
+
+    def build():
+        built.append(True)
+        return compute_bag(source, params, preprocess)
+
+    return str(cache.get_or_build(key, build)), bool(built)
+
+
+def _build_one(source: str, params: BagParams, root: str, source_mode: str, preprocess) -> str:
+    return build_entry(source, params, root, source_mode, preprocess)[0]
 
 
 def _init_worker() -> None:  # one BLAS/torch thread per worker process
@@ -377,6 +389,13 @@ def _describe_failure(e: BaseException, source: str) -> str:
     for s in sorted((s for s in parts if len(s) >= 4), key=len, reverse=True):
         text = text.replace(s, "<image>")
     return text
+
+
+def row_failure(row: Mapping[str, Any], i: int, e: BaseException) -> DataError:
+    """The error of datalist row ``i`` whose bag failed: its index and pseudonym, the reason with the path masked."""
+    why = _describe_failure(e, str(row["image"]))
+    return DataError(f"could not build the bag of subject {row.get('subject', '?')} ({why})",
+                     row=i, field="image", fix="check that the image of this datalist row reads as a CT")
 
 
 def build_bags(rows: Sequence[Mapping[str, Any]], params: BagParams | Mapping[str, Any] | None,
@@ -417,10 +436,7 @@ def build_bags(rows: Sequence[Mapping[str, Any]], params: BagParams | Mapping[st
     paths: list[str | None] = [None] * len(rows)
 
     def fail(i: int, e: BaseException):
-        subject = rows[i].get("subject", "?")
-        why = _describe_failure(e, str(rows[i]["image"]))
-        return DataError(f"could not build the bag of subject {subject} ({why})",
-                         row=i, field="image", fix="check that the image of this datalist row reads as a CT")
+        return row_failure(rows[i], i, e)
 
     try:
         if num_workers <= 0 or len(rows) <= 1:

@@ -10,6 +10,11 @@ default :class:`~lungcal.ct.masking.LungMasker` adds its settings to the key.
 With ``qc`` (the bundle's ``qc`` section) every CT goes through the series checks first
 (:mod:`lungcal.engine.series_qc`, cached per CT): a CT that fails a check is skipped, the count
 and a reason table are printed, and :meth:`CTCohort.log_qc` logs ``qc.csv`` to the run.
+
+With ``stream_bags`` (bundle key of the same name) the train split is not stacked in memory: its
+bags are read from the cache one per item (:mod:`lungcal.engine.bagstream`); validation and test
+stay in memory. :meth:`CTCohort.rows` are the rows a run builds, which ``lungcal build-bags``
+builds ahead of training (:mod:`lungcal.engine.bagbuild`).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from lungcal.ct.transforms import LungMaskd
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.data.synthetic import ensure_demo_cohort
 from lungcal.engine.bagset import BagSet
+from lungcal.engine.bagstream import stream_split
 from lungcal.engine.series_qc import log_warnings, qc_csv_rows, screen, skipped_table, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
@@ -89,12 +95,15 @@ class CTCohort:
         demo_subjects: size of the synthetic cohort when it is generated (``None``: its default).
         qc: series-check thresholds (:class:`~lungcal.ct.qc.QCConfig` or a mapping of its
             fields): failing CTs are skipped; ``None`` checks nothing.
+        stream_bags: read the train split's bags from the cache per item instead of stacking
+            them in memory (:func:`lungcal.engine.bagstream.stream_split`).
     """
 
     def __init__(self, datalist: str | None, preprocessing: Callable | None = None, detector: Any = None,
                  spacing: Sequence[float] = (2.5, 2.5, 2.5), hu_window: Sequence[float] = (-1000, 400), k: int = 8,
                  patch_size: int = 16, output_dir: str | os.PathLike | None = None, num_workers: int = 2,
-                 demo_subjects: int | None = None, qc: QCConfig | Mapping[str, Any] | None = None) -> None:
+                 demo_subjects: int | None = None, qc: QCConfig | Mapping[str, Any] | None = None,
+                 stream_bags: bool = False) -> None:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
         if detector is not None and not isinstance(detector, LoGBlobDetector):
@@ -115,6 +124,10 @@ class CTCohort:
         self.skipped: list[str] = []
         self.num_workers = int(num_workers)
         self.demo_subjects = demo_subjects
+        if not isinstance(stream_bags, bool):
+            raise ConfigError(f"stream_bags must be true or false, got {stream_bags!r}", field="stream_bags",
+                              fix="set stream_bags to true (train bags read from disk) or false (in memory)")
+        self.stream_bags = stream_bags
         self.splits: dict[str, dict[str, Any]] = {}
         self.source, self.digest, self.site = "synthetic", "", "synthetic"
 
@@ -141,10 +154,13 @@ class CTCohort:
                                 "or omit --datalist for the built-in synthetic cohort")
         return path
 
-    def load(self, splits: Sequence[str] = SPLITS) -> CTCohort:
-        """Build (or reuse) the bags of ``splits`` once; later calls return at once."""
-        if all(s in self.splits for s in splits):
-            return self
+    @property
+    def cache_dir(self) -> Path:
+        """The bag cache folder (``<output_dir>/cache/bags``)."""
+        return self.output_dir / "cache" / "bags"
+
+    def rows(self, splits: Sequence[str] = SPLITS) -> list[dict]:
+        """The datalist rows of ``splits`` whose bags a run builds (the series checks' failures left out)."""
         path = self.datalist_path()
         rows = load_manifest(path)
         self.source = manifest_source(path) if self.datalist not in (None, "", "synthetic") else "synthetic"
@@ -152,12 +168,17 @@ class CTCohort:
         sites = sorted({str(r.get("site", "")) for r in rows if r.get("site")})
         self.site = ",".join(sites) if sites else "unknown"
         wanted = [r for s in splits for r in rows_for_split(rows, s)]
-        if self.qc is not None:
-            wanted = self._screen(wanted)
-        built = build_bags(wanted, self.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers,
+        return self._screen(wanted) if self.qc is not None else wanted
+
+    def load(self, splits: Sequence[str] = SPLITS) -> CTCohort:
+        """Build (or reuse) the bags of ``splits`` once; later calls return at once."""
+        if all(s in self.splits for s in splits):
+            return self
+        built = build_bags(self.rows(splits), self.bag_params, self.cache_dir, num_workers=self.num_workers,
                            preprocess=self.preprocess)
         for s in splits:
-            self.splits[s] = load_split([e for e in built if e.get("split") == s])
+            entries = [e for e in built if e.get("split") == s]
+            self.splits[s] = stream_split(entries) if self.stream_bags and s == "train" else load_split(entries)
         return self
 
     def _screen(self, rows: list[dict]) -> list[dict]:
