@@ -26,6 +26,7 @@ __all__ = [
     "TAG_ENDED_BY",
     "TAG_RESUMED_FROM",
     "TAG_INIT_RUN",
+    "TAG_ENSEMBLE",
     "MLFLOW_PARENT",
     "MLFLOW_EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TRAINING",
@@ -67,6 +68,10 @@ TAG_ENDED_BY = "lungcal.ended_by"
 TAG_RESUMED_FROM = "lungcal.resumed_from_epoch"
 #: on a fine-tuned stage-1 run: the run it started from (or ``checkpoint:<sha256[:16]>`` of the file).
 TAG_INIT_RUN = "lungcal.init_run"
+#: deep ensembles (``bundles/nlst_ensemble.json``): ``parent`` on the run that evaluates the
+#: members' average (``lungcal.stage2 = ensemble``, its TS run ``ensemble+ts``), ``member`` on each
+#: member's stage-1 run (nested under the parent by ``mlflow.parentRunId`` / ``lungcal.parent_run``).
+TAG_ENSEMBLE = "lungcal.ensemble"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"

@@ -1,0 +1,104 @@
+"""bundles/nlst_ensemble.json end to end on the tiny cohort: members as nested child runs, their average, its TS;
+and ``mc_samples`` through a stage-1 bundle."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lungcal.calibration import auroc
+from lungcal.errors import ConfigError
+from lungcal.runtime.exit_hook import find_lungcal_error
+from lungcal.tracking import (
+    MLFLOW_PARENT,
+    TAG_CALIBRATOR,
+    TAG_ENSEMBLE,
+    TAG_PARENT,
+    TAG_STAGE1,
+    TAG_STAGE2,
+    default_tracking_uri,
+)
+from tests.bundles.test_ct_bundles import BUNDLES, run_bundle, tiny
+
+
+def test_ensemble_bundle_holds_the_focal_recipe_and_the_wiring_holds_the_objects():
+    focal = json.loads((BUNDLES / "nlst_focal.json").read_text())
+    ens = json.loads((BUNDLES / "nlst_ensemble.json").read_text())
+    for key, value in focal.items():  # a setting added to the stage-1 bundles belongs here too
+        if key != "workflow":
+            assert ens.get(key) == value, f"nlst_ensemble.json: {key} should be {value!r} as in nlst_focal.json"
+    assert ens["member"] == focal["workflow"] == "%bundles/ct_common.json#workflow"
+    assert ens["workflow"] == "%bundles/ct_common.json#ensemble" and ens["ensemble_members"] == 5
+    common = json.loads((BUNDLES / "ct_common.json").read_text())
+    assert common["ensemble"]["_target_"] == "lungcal.engine.ensemble.EnsembleRun"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One output folder for the module: the tiny cohort's bags are built once."""
+    return tmp_path_factory.mktemp("ensemble_runs")
+
+
+def _csv(client, run_id):
+    path = client.download_artifacts(run_id, "predictions/test_predictions.csv")
+    with open(path) as f:
+        return {r["subject"]: r for r in csv.DictReader(f)}
+
+
+def test_ensemble_bundle_nests_members_and_evaluates_their_average(tiny_cohort, store, monkeypatch, capsys):
+    run_bundle("nlst_ensemble", monkeypatch, **tiny(tiny_cohort, store, ensemble_members=2, run_name="ens"))
+    out = capsys.readouterr().out
+    assert "deep ensemble of 2" in out and "ensemble+TS" in out
+    client = MlflowClient(default_tracking_uri(store))
+    exp = client.get_experiment_by_name("nlst")
+    runs = client.search_runs([exp.experiment_id])
+    assert all(r.info.status == "FINISHED" for r in runs)
+    parent = [r for r in runs if r.data.tags.get(TAG_ENSEMBLE) == "parent"]
+    members = sorted((r for r in runs if r.data.tags.get(TAG_ENSEMBLE) == "member"), key=lambda r: r.info.run_name)
+    assert len(parent) == 1 and len(members) == 2
+    parent = parent[0]
+    assert parent.data.tags[TAG_STAGE2] == "ensemble" and parent.data.tags[TAG_STAGE1] == "focal"
+    assert [m.info.run_name for m in members] == ["ens-m0", "ens-m1"]
+    assert [m.data.params["seed"] for m in members] == ["0", "1"]  # different seeds, nothing else
+    for m in members:
+        assert m.data.tags[MLFLOW_PARENT] == parent.info.run_id == m.data.tags[TAG_PARENT]
+        assert m.data.tags[TAG_STAGE2] == "none" and "test/mean_entropy" in m.data.metrics
+        assert "test/mean_mi" not in m.data.metrics  # one deterministic model: no epistemic part
+    # the parent's probabilities are the mean of its members'
+    rows = [_csv(client, m.info.run_id) for m in members]
+    ens = _csv(client, parent.info.run_id)
+    assert set(ens) == set(rows[0]) == set(rows[1]) and len(ens) > 0
+    for subject, r in ens.items():
+        mean = np.mean([float(x[subject]["probability"]) for x in rows])
+        assert float(r["probability"]) == pytest.approx(mean, abs=2e-6)
+        assert float(r["mi"]) >= 0.0 and float(r["entropy"]) >= float(r["mi"]) - 1e-6
+    labels = np.array([int(r["label"]) for r in ens.values()])
+    p = np.array([float(r["probability"]) for r in ens.values()])
+    m = parent.data.metrics
+    assert m["test/auc"] == pytest.approx(auroc(p, labels), abs=1e-6)
+    assert m["test/mean_mi"] == pytest.approx(np.mean([float(r["mi"]) for r in ens.values()]), abs=1e-5)
+    assert m["ensemble_members"] == 2 and "test/ece_ci_low" in m and "val/auc" in m
+    # TS on the log of the averaged probabilities, in a run linked to the parent
+    ts = [r for r in runs if r.data.tags.get(TAG_STAGE2) == "ensemble+ts"]
+    assert len(ts) == 1 and ts[0].data.tags[TAG_PARENT] == parent.info.run_id
+    assert ts[0].data.tags[TAG_CALIBRATOR] == "ts" and ts[0].data.metrics["temperature"] > 0
+    assert ts[0].data.metrics["test/auc"] == pytest.approx(m["test/auc"], abs=1e-9)
+
+
+def test_mc_samples_on_a_network_without_dropout_is_a_config_error(tiny_cohort, store, monkeypatch):
+    with pytest.raises(Exception) as info:
+        run_bundle("nlst_focal", monkeypatch, **tiny(tiny_cohort, store, dropout=0.0, mc_samples=4, run_name="no-mc"))
+    error = find_lungcal_error(info.value)
+    assert isinstance(error, ConfigError) and "mc_samples" in str(error) and "dropout" in str(error)
+    client = MlflowClient(default_tracking_uri(store))
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert all(r.info.status != "RUNNING" for r in runs) and all(r.info.run_name != "no-mc" for r in runs)
+
+
+def test_ensemble_of_one_is_a_config_error(tiny_cohort, store, monkeypatch):
+    with pytest.raises(Exception) as info:
+        run_bundle("nlst_ensemble", monkeypatch, **tiny(tiny_cohort, store, ensemble_members=1))
+    assert isinstance(find_lungcal_error(info.value), ConfigError)
