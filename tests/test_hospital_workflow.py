@@ -3,7 +3,7 @@
 Site A (the reference, "trained elsewhere"): an enriched cohort (prevalence 0.4, like a
 case-control training set), 2.5 mm isotropic, low noise. Site B (the hospital): a screening
 population (prevalence 0.11, NLST-like; 600 CTs, all for recalibration: 300 val / 300 test),
-anisotropic 1.8 x 1.8 x 3.2 mm voxels, a softer kernel and twice the noise. A stage-1 model is
+anisotropic 1.8 x 1.8 x 3.0 mm voxels, a softer kernel and twice the noise. A stage-1 model is
 trained on A with the real bundle as shipped (``bundles/nlst_ce.json --datalist A``; only the
 run length, the bootstrap size and the workers are set), which also fits A's *reference*
 temperature on A's validation split. ``lungcal recalibrate --model <run> --datalist B
@@ -60,10 +60,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # shipped ECE 0.768 (p < 0.001, O/E 0.135: the default model calls almost every B CT cancer), auto
 # chose Platt: 0.012 (p 0.90); prior to 0.11: 0.359; EM ran to a prevalence of 1.000 and gave 0.880,
 # so the EM assertion FAILED: B's shift is a scanner (covariate) shift, not only a label shift.
+# 2026-12-02: B's 3.2 mm slices failed the default series checks (max 3.0 mm) that inference applies,
+# and `recalibrate` now runs them too, so B is scanned at 3.0 mm (80 slices, the same 240 mm). The
+# CT bundles train with scanner-noise augmentation (augment_noise_hu 30, lungcal.engine.bagset
+# random_noise), so the default model should no longer read cancer into B's noise.
 SITE_A = dict(n_subjects=400, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
               scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
-SITE_B = dict(n_subjects=600, prevalence=0.11, splits=(0.0, 0.5, 0.5), seed=12, shape=(176, 176, 75),
-              spacing=(1.8, 1.8, 3.2),
+SITE_B = dict(n_subjects=600, prevalence=0.11, splits=(0.0, 0.5, 0.5), seed=12, shape=(176, 176, 80),
+              spacing=(1.8, 1.8, 3.0),
               scanner={"site": "site-b", "noise_hu": 40.0, "kernel_sigma_mm": 1.2, "hu_offset": 0.0})
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["random_orientation", "BagSet"]
+__all__ = ["random_orientation", "random_noise", "BagSet"]
 
 
 def random_orientation(bag: torch.Tensor, generator: torch.Generator, permute: bool = True) -> torch.Tensor:
@@ -21,18 +21,35 @@ def random_orientation(bag: torch.Tensor, generator: torch.Generator, permute: b
     return bag.flip(flips) if flips else bag
 
 
+def random_noise(bag: torch.Tensor, generator: torch.Generator, max_std: float) -> torch.Tensor:
+    """Additive Gaussian noise of a random strength ``U(0, max_std)`` (window units) on a bag, clipped to [0, 1].
+
+    A scanner's noise level varies with dose, kernel and slice thickness, and the model must not read
+    cancer into it: trained at one site's noise only, the default model called almost every CT of a
+    noisier site cancer (the two-site test, docs/hospital.md). The strength is drawn per bag, so the
+    network sees the whole range; the clip is the HU window's, as for a real noisier scan.
+    """
+    std = float(torch.rand((), generator=generator)) * float(max_std)
+    noise = torch.randn(bag.shape, generator=generator, dtype=bag.dtype)
+    return (bag + std * noise).clamp_(0.0, 1.0)
+
+
 class BagSet(torch.utils.data.Dataset):
     """In-memory bags of one split: ``{"bag" (K,1,P,P,P), "mask" (K,), "label", "index"}``.
 
     With ``augment``, each bag is randomly flipped (and its axes permuted when ``isotropic``), see
-    :func:`random_orientation`; ``seed`` seeds the dataset's own generator, so the sequence is
-    reproducible and the global RNG is not touched.
+    :func:`random_orientation`, and, with ``noise_std > 0``, gets scanner-like noise
+    (:func:`random_noise`; ``noise_std = 0`` draws nothing, so the sequence is as without it).
+    ``seed`` seeds the dataset's own generator, so the sequence is reproducible and the global RNG
+    is not touched.
     """
 
     def __init__(self, bags: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, augment: bool = False,
-                 isotropic: bool = True, seed: int = 0) -> None:
+                 isotropic: bool = True, seed: int = 0, noise_std: float = 0.0) -> None:
+        if not 0.0 <= float(noise_std) < 1.0:
+            raise ValueError(f"noise_std must be in [0, 1) window units, got {noise_std}")
         self.bags, self.mask, self.labels = bags, mask, labels
-        self.augment, self.isotropic = bool(augment), bool(isotropic)
+        self.augment, self.isotropic, self.noise_std = bool(augment), bool(isotropic), float(noise_std)
         self._gen = torch.Generator().manual_seed(int(seed))
 
     def __len__(self) -> int:
@@ -42,4 +59,6 @@ class BagSet(torch.utils.data.Dataset):
         bag = self.bags[i]
         if self.augment:
             bag = random_orientation(bag, self._gen, permute=self.isotropic).contiguous()
+            if self.noise_std > 0:
+                bag = random_noise(bag, self._gen, self.noise_std)
         return {"bag": bag, "mask": self.mask[i], "label": self.labels[i], "index": torch.tensor(i)}

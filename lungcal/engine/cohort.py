@@ -40,6 +40,7 @@ from lungcal.engine.bagstream import stream_split
 from lungcal.engine.series_qc import log_warnings, qc_csv_rows, screen, skipped_table, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
+from lungcal.runtime.distributed import is_rank_zero, rank_zero_first
 from lungcal.tracking import file_digest
 
 __all__ = ["SPLITS", "resolve_output_dir", "load_split", "ChainPreprocess", "CTCohort", "chain_masker"]
@@ -174,8 +175,9 @@ class CTCohort:
         """Build (or reuse) the bags of ``splits`` once; later calls return at once."""
         if all(s in self.splits for s in splits):
             return self
-        built = build_bags(self.rows(splits), self.bag_params, self.cache_dir, num_workers=self.num_workers,
-                           preprocess=self.preprocess)
+        with rank_zero_first():  # under torchrun rank 0 makes the cohort and the caches, then the others read them
+            built = build_bags(self.rows(splits), self.bag_params, self.cache_dir, num_workers=self.num_workers,
+                               preprocess=self.preprocess, progress=is_rank_zero())
         for s in splits:
             entries = [e for e in built if e.get("split") == s]
             self.splits[s] = stream_split(entries) if self.stream_bags and s == "train" else load_split(entries)
@@ -184,11 +186,11 @@ class CTCohort:
     def _screen(self, rows: list[dict]) -> list[dict]:
         """Run (or read back) the series checks; keep the rows that failed none."""
         reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=self.masker or LungMasker(),
-                         num_workers=self.num_workers)
+                         num_workers=self.num_workers, progress=is_rank_zero())
         self.qc_rows = qc_csv_rows(rows, reports)
         log_warnings(rows, reports)
         table = skipped_table(rows, reports)
-        if table:
+        if table and is_rank_zero():
             print(table, flush=True)
         keep = [rep is None or not rep.failed for rep in reports]
         self.skipped = [str(r.get("subject", "")) for r, k in zip(rows, keep) if not k]
@@ -209,10 +211,19 @@ class CTCohort:
                             fix="give the datalist train, val and test rows (lungcal check-data shows the counts)")
         return data
 
-    def dataset(self, name: str, augment: bool = False, seed: int = 0) -> BagSet:
-        """A :class:`BagSet` of split ``name`` (bundle ids ``train#dataset`` / ``validate#dataset``)."""
+    def dataset(self, name: str, augment: bool = False, seed: int = 0, noise_hu: float = 0.0) -> BagSet:
+        """A :class:`BagSet` of split ``name`` (bundle ids ``train#dataset`` / ``validate#dataset``).
+
+        ``noise_hu``: with ``augment``, the largest standard deviation (HU) of the scanner-noise
+        augmentation (:func:`lungcal.engine.bagset.random_noise`); 0 turns it off.
+        """
         data = self.split(name)
-        return BagSet(data["bags"], data["mask"], data["labels"], augment=augment, isotropic=self.isotropic, seed=seed)
+        lo, hi = self.bag_params["hu_window"]
+        if not 0.0 <= float(noise_hu) < float(hi) - float(lo):
+            raise ConfigError(f"augment_noise_hu must be in [0, {hi - lo:g}) HU, got {noise_hu}",
+                              field="augment_noise_hu", fix="use 0 (off) or a noise level in HU, e.g. 30")
+        return BagSet(data["bags"], data["mask"], data["labels"], augment=augment, isotropic=self.isotropic, seed=seed,
+                      noise_std=float(noise_hu) / (float(hi) - float(lo)))
 
     def loader(self, name: str, batch_size: int, shuffle: bool = False, seed: int = 0,
                augment: bool = False) -> torch.utils.data.DataLoader:

@@ -1,4 +1,4 @@
-"""``lungcal recalibrate``: the CT engine's command-line sub-command.
+"""``lungcal recalibrate``, ``lungcal build-bags`` and ``lungcal predict``: the CT engine's sub-commands.
 
 Heavy imports (torch, MLflow, MONAI) happen inside the command, so ``lungcal --help`` stays fast
 (the only function-local imports the lint contract allows). User errors are
@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``recalibrate`` to the ``lungcal`` parser."""
+    """Add ``recalibrate`` and ``build-bags`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -40,15 +40,115 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
     p.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
     p.add_argument("--num-workers", type=int, default=0, help="parallel workers for bag building")
+    p.add_argument("--no-qc", action="store_true",
+                   help="score every CT, also those that fail a series check (default: leave them out, as training "
+                        "does; inference refuses them)")
     p.set_defaults(func=_recalibrate)
+
+    b = subparsers.add_parser(
+        "build-bags", help="build the bag cache ahead of training (local processes or a Dask cluster)",
+        description="Build every cached bag a training run of the bundle would build for DATALIST (the same "
+        "preprocessing, lung masker, detector, spacing, HU window, K, patch size, series checks and output_dir), "
+        "so the run then finds them all cached. Entries already built are kept; a row that fails does not stop "
+        "the others and is reported with its pseudonym; the exit code is then 2.")
+    b.add_argument("datalist", metavar="DATALIST", help="datalist JSON ('synthetic' for the built-in demo cohort)")
+    b.add_argument("--params", required=True, nargs="+", metavar="BUNDLE_OR_JSON",
+                   help="a CT bundle (run from the project root, e.g. bundles/nlst_focal.json) optionally followed "
+                        "by override files merged over it; or one JSON of bag parameters (spacing, hu_window, "
+                        "margin_mm, k, patch_size, detector, preprocess), as a stage-1 checkpoint stores them")
+    b.add_argument("--scheduler", default=None, metavar="local:N|tcp://HOST:8786",
+                   help="run the tasks on Dask (pip install 'lungcal[cluster]'): local:N starts a LocalCluster of N "
+                        "worker processes; tcp://HOST:8786 uses a running scheduler whose workers see the same "
+                        "output_dir (shared filesystem) and run the same lungcal. Default: local processes")
+    b.add_argument("--num-workers", type=int, default=None,
+                   help="local processes without --scheduler (default: the bundle's num_workers; 0 = in-process)")
+    b.add_argument("--output-dir", default=None,
+                   help="output folder; bags go to <output_dir>/cache/bags (default: the bundle's, else ./runs or "
+                        "$LUNGCAL_HOME)")
+    b.add_argument("--splits", default="train,val,test", help="comma-separated splits to build (default: all)")
+    b.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds to wait for a --scheduler address to answer (default: 10)")
+    b.set_defaults(func=_build_bags)
+
+    q = subparsers.add_parser(
+        "predict", help="score new CTs: calibrated probability, referral, top candidates, a picture per CT",
+        description="Score one CT (a NIfTI/MHD/NRRD file or a DICOM series folder), a folder of them, or a datalist "
+        "(rows need only 'image') with a stage-1 model. Writes cases/<pseudonym>.json and .png per CT, "
+        "predictions.csv, candidates/<pseudonym>.csv, qc.csv and the local key inputs.csv (pseudonym -> input "
+        "file; never logged), prints one line per CT, and records an MLflow run linked to the model's run "
+        "(inputs count, QC summary, predictions, gallery). A CT that fails a series check is refused.")
+    q.add_argument("path", metavar="PATH", help="a CT file, a DICOM series folder, a folder of CTs, or a datalist JSON")
+    q.add_argument("--run", required=True, metavar="ID", help="the stage-1 MLflow run id (or a checkpoint .pt)")
+    q.add_argument("--site", default=None, help="apply the calibrator `lungcal recalibrate` stored for this site "
+                   "(default: the run's reference calibrator)")
+    q.add_argument("--refer-below", type=float, default=None, metavar="C",
+                   help="refer a CT whose confidence max(p, 1-p) is below C (default: the calibrator's validation "
+                        "rule: the confidence below which its 10%% least confident validation cases fall)")
+    q.add_argument("--output", default=None, help="output folder (default: <output_dir>/inference/<timestamp>)")
+    q.add_argument("--no-pictures", action="store_true", help="skip the per-CT PNGs and the gallery")
+    q.add_argument("--qc", default=None, metavar="JSON",
+                   help="series-check thresholds to change, as JSON (QCConfig fields, e.g. "
+                        "'{\"max_slice_thickness_mm\": 3.5}'); default: the documented defaults")
+    q.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    q.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
+    q.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    q.add_argument("--num-workers", type=int, default=0, help="parallel workers for bag building and checks")
+    q.add_argument("--batch-size", type=int, default=16, help="CTs per forward pass")
+    q.set_defaults(func=_predict)
 
 
 def _recalibrate(args: argparse.Namespace) -> int:
-    from lungcal.engine.recalibrate import format_summary, recalibrate
+    from lungcal.engine.recalibrate import DEFAULT_QC, format_summary, recalibrate
 
     res = recalibrate(args.model, args.datalist, method=args.method, prevalence=args.prevalence,
                       unlabelled=args.unlabelled, source_prevalence=args.source_prevalence, site=args.site,
                       experiment=args.experiment, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                      tracking_uri=args.tracking_uri, output_dir=args.output_dir, num_workers=args.num_workers)
+                      tracking_uri=args.tracking_uri, output_dir=args.output_dir, num_workers=args.num_workers,
+                      qc=None if args.no_qc else DEFAULT_QC)
     print(format_summary(res))
+    return 0
+
+
+def _build_bags(args: argparse.Namespace) -> int:
+    from lungcal.engine.bagbuild import LocalRunner, build_cohort, cohort_from_params
+    from lungcal.errors import ConfigError
+
+    splits = [s.strip() for s in str(args.splits).split(",") if s.strip()]
+    cohort = cohort_from_params(args.params, args.datalist, output_dir=args.output_dir, num_workers=args.num_workers)
+    if args.scheduler:
+        try:
+            from lungcal.engine.dask_bags import DaskRunner
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in ("dask", "distributed"):
+                raise
+            raise ConfigError("--scheduler needs Dask distributed, which is not installed", field="--scheduler",
+                              fix="pip install 'lungcal[cluster]' (or drop --scheduler for local processes)") from None
+        runner = DaskRunner(args.scheduler, timeout=args.connect_timeout)
+    else:
+        runner = LocalRunner(cohort.num_workers)
+    with runner:
+        report = build_cohort(cohort, splits, runner)
+    print(report.summary(), flush=True)
+    report.raise_for_failures()
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import json
+
+    from lungcal.ct.qc import QCConfig
+    from lungcal.engine.inference import InferenceRun
+    from lungcal.errors import ConfigError
+
+    fix = "pass a JSON object of QCConfig fields, e.g. '{\"max_slice_thickness_mm\": 3.5}'"
+    try:
+        overrides = json.loads(args.qc) if args.qc else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--qc is not valid JSON ({exc.msg})", field="--qc", fix=fix) from None
+    if not isinstance(overrides, dict):
+        raise ConfigError("--qc must be a JSON object", field="--qc", fix=fix)
+    InferenceRun(inputs=args.path, stage1_run_id=args.run, site=args.site, output=args.output,
+                 output_dir=args.output_dir, tracking_uri=args.tracking_uri, device=args.device,
+                 num_workers=args.num_workers, batch_size=args.batch_size, qc=QCConfig.from_any(overrides),
+                 refer_below=args.refer_below, pictures=not args.no_pictures, mode="predict").run()
     return 0

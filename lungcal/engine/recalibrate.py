@@ -40,7 +40,8 @@ import torch
 from lungcal.calibration.metrics import ece_consistency_pvalue
 from lungcal.calibration.prior import adjust_to_prior, check_prior, estimate_prior_em
 from lungcal.calibration.scaling import CALIBRATORS, FEW_EVENTS, fit_warnings, make_calibrator, select_calibrator
-from lungcal.candidates.cache import build_bags
+from lungcal.candidates.cache import BagParams, build_bags, masker_from_config
+from lungcal.ct.qc import QCConfig
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.engine.bagset import BagSet
 from lungcal.engine.checkpoint import load_stage1
@@ -49,6 +50,8 @@ from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.posthoc import no_signal
 from lungcal.engine.predict import predict
 from lungcal.engine.recalibrate_summary import format_summary
+from lungcal.engine.scoring import REFERRAL_METRIC, referral_threshold
+from lungcal.engine.series_qc import log_warnings, screen, skipped_table
 from lungcal.engine.site_calibrator import PRIOR, PriorAdjusted, calibrated_probs, reference_calibrator
 from lungcal.engine.unlabelled import unlabelled_rows
 from lungcal.errors import ConfigError, DataError
@@ -77,6 +80,8 @@ AUTO_CANDIDATES = ("ts", "platt", "isotonic")
 #: an EM prevalence estimate this close to 0 or 1 is "no signal" (the shipped probabilities are far
 #: from calibrated on the unlabelled CTs: not a pure prevalence change)
 EM_BOUND = 0.01
+#: the series checks a site's CTs pass before they are scored (the bundles' ``qc`` defaults)
+DEFAULT_QC = QCConfig()
 
 
 def check_method(method: str) -> str:
@@ -94,6 +99,13 @@ def check_prevalence(value: Any, field: str = "--prevalence") -> float:
 def _site_rows(datalist: Path) -> tuple[list[dict], list[dict], str]:
     rows = load_manifest(datalist)
     val, test = rows_for_split(rows, "val"), rows_for_split(rows, "test")
+    _site_labels(val, test, datalist)
+    sites = sorted({str(r.get("site")) for r in rows if r.get("site")})
+    return val, test, ",".join(sites) or "unknown"
+
+
+def _site_labels(val: list[dict], test: list[dict], datalist: Path) -> None:
+    """DataError unless both splits hold cancer and non-cancer CTs."""
     for name, part in (("val", val), ("test", test)):
         labels = {int(r["label"]) for r in part}
         if not part:
@@ -102,10 +114,32 @@ def _site_rows(datalist: Path) -> tuple[list[dict], list[dict], str]:
                                 "then check with lungcal check-data")
         if labels != {0, 1}:
             raise DataError(f"the '{name}' split holds only label(s) {sorted(labels)}", file=datalist, field="label",
-                            fix=f"the {name} split needs cancer and non-cancer CTs; "
+                            fix=f"the {name} split needs cancer and non-cancer CTs (that pass the series checks); "
                                 "re-split the site with more subjects")
-    sites = sorted({str(r.get("site")) for r in rows if r.get("site")})
-    return val, test, ",".join(sites) or "unknown"
+
+
+def _screen(rows: list[dict], bag_params, qc: QCConfig | None, out_dir: Path, num_workers: int,
+            what: str) -> tuple[list[dict], list[str]]:
+    """The rows whose series pass the checks (the stage-1 run's masker), and the pseudonyms of those that fail.
+
+    As in training, a failing CT is left out (count and reasons printed), not scored: the test split
+    then holds what inference would accept.
+    """
+    if qc is None:
+        return rows, []
+    stored = BagParams.from_any(bag_params).preprocess.get("masker")  # None: the default masker
+    reports = screen(rows, qc, out_dir / "cache" / "qc", masker=masker_from_config(stored) if stored else None,
+                     num_workers=num_workers)
+    log_warnings(rows, reports)
+    table = skipped_table(rows, reports)
+    if table:
+        print(f"{what}:\n{table}", flush=True)
+    keep = [rep is None or not rep.failed for rep in reports]
+    kept = [r for r, k in zip(rows, keep) if k]
+    if not kept:
+        raise DataError(f"every {what} CT fails a series check", field="--datalist",
+                        fix="run `lungcal qc` on the site's CTs to see why (--no-qc scores them anyway)")
+    return kept, [str(r.get("subject", "")) for r, k in zip(rows, keep) if not k]
 
 
 def _predict(net, rows, bag_params, cache_dir: Path, num_workers: int, batch_size: int = 16) -> dict[str, Any]:
@@ -150,7 +184,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
                 unlabelled: str | Path | None = None, source_prevalence: float | str | None = None,
                 site: str | None = None, experiment: str = CT_EXPERIMENT, n_bins: int = 10, n_bootstrap: int = 1000,
                 seed: int = 0, tracking_uri: str | None = None, output_dir: str | Path | None = None,
-                num_workers: int = 0, log: bool = True) -> dict[str, Any]:
+                num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True) -> dict[str, Any]:
     """Fit recalibrators on a site's validation split and evaluate each on its test split.
 
     Args:
@@ -164,12 +198,15 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
             the stage-1 run, see the module doc).
         site: value of the ``lungcal.site`` tag (default: the datalist rows' ``site``).
         experiment, n_bins, n_bootstrap, seed, tracking_uri, output_dir, num_workers: as before.
+        qc: series-check thresholds (default: the bundles' defaults); a site CT that fails one is
+            left out of val, test and the unlabelled CTs (counts in ``qc_skipped``); ``None`` skips
+            the checks.
         log: record an MLflow run.
 
     Returns:
         ``{"rows": {row: report}, "chosen", "chosen_row", "calibrator", "warnings", "few_events",
         "cv_nll", "priors", "before", "reference", "after", "temperature", "reference_temperature",
-        "run_id", "parent_run", "site", "n_val", "n_test"}``; each report comes from
+        "run_id", "parent_run", "site", "n_val", "n_test", "qc_skipped"}``; each report comes from
         ``calibration_report`` plus ``ece_pvalue``.
     """
     # every check before any work, and before the run is opened
@@ -198,6 +235,12 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     ref_name = getattr(ref_cal, "name", None)
     site = site or site_from_rows
     cache = out_dir / "cache" / "bags"
+    skipped = {}
+    val_rows, skipped["val"] = _screen(val_rows, bag_params, qc, out_dir, num_workers, "val")
+    test_rows, skipped["test"] = _screen(test_rows, bag_params, qc, out_dir, num_workers, "test")
+    if unl_rows is not None:
+        unl_rows, skipped["unlabelled"] = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
+    _site_labels(val_rows, test_rows, datalist)
     val = _predict(net, val_rows, bag_params, cache, num_workers)
     test = _predict(net, test_rows, bag_params, cache, num_workers)
     unl = _predict(net, unl_rows, bag_params, cache, num_workers) if unl_rows is not None else None
@@ -248,7 +291,8 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
               "reference": rows.get(shipped_key) if shipped_key != "uncalibrated" else None,
               "after": rows[chosen_row], "temperature": temp, "reference_temperature": ref_temp, "run_id": None,
               "parent_run": parent, "stage1": stage1_name, "site": site, "n_val": len(val_rows),
-              "n_test": len(test_rows), "tracking_uri": uri}
+              "n_test": len(test_rows), "tracking_uri": uri,
+              "qc_skipped": {k: len(v) for k, v in skipped.items()}}
     if not log:
         return result
     _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap)
@@ -270,7 +314,8 @@ def _log_run(res: dict[str, Any], probs: Mapping[str, np.ndarray], test, val, da
         params = {"stage2": cal.name, "method": res["method"], "chosen": chosen, "fit_split": "val",
                   "model": parent or "checkpoint", "site": site,
                   "datalist": {"source": source, "sha256": file_digest(datalist)},
-                  "n_val": res["n_val"], "n_test": res["n_test"], "n_bins": n_bins, "n_bootstrap": n_bootstrap,
+                  "n_val": res["n_val"], "n_test": res["n_test"], "qc_skipped": res["qc_skipped"],
+                  "n_bins": n_bins, "n_bootstrap": n_bootstrap,
                   "bag_params": bag_params, "retrained": False, "rows": list(probs)}
         if res["priors"].get("source"):
             params["source_prior_from"] = res["priors"]["source"]
@@ -278,6 +323,7 @@ def _log_run(res: dict[str, Any], probs: Mapping[str, np.ndarray], test, val, da
         tr.log_dict({**params, "cv_nll": res["cv_nll"], "warnings": res["warnings"]}, "config/resolved.json")
         metrics = {k: v for k, v in res["priors"].items() if isinstance(v, (int, float))}
         metrics["val/n_events"] = res["n_events"]
+        metrics[REFERRAL_METRIC] = referral_threshold(calibrated_probs(cal, val["logits"]))  # inference's rule
         if res["temperature"] is not None:
             metrics["temperature"] = res["temperature"]
         if res["reference_temperature"] is not None:

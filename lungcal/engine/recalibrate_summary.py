@@ -26,6 +26,10 @@ def format_summary(res: Mapping[str, Any]) -> str:
     """Every row's test ECE, calibration slope / intercept, O/E, AUC and ACC with 95% CIs, its ECE
     consistency p-value, the chosen calibrator (``*``), and the warnings."""
     lines = [f"== lungcal recalibrate: site {res['site']} (val n={res['n_val']}, test n={res['n_test']}) =="]
+    skipped = {k: v for k, v in (res.get("qc_skipped") or {}).items() if v}
+    if skipped:
+        lines.append("  series checks left out " + ", ".join(f"{v} {k}" for k, v in skipped.items())
+                     + " CT(s) that inference would refuse (reasons above; `lungcal qc` shows each)")
     if res.get("reference_temperature") is not None:
         lines.append(f"  reference T   {res['reference_temperature']:.3f} "
                      "(fitted by the stage-1 run on its own val split)")

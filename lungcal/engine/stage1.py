@@ -13,6 +13,12 @@ model's weights (encoder + head; the encoder frozen with ``freeze_encoder``), ta
 ``lungcal.init_run``; the parent model's metrics on the site's validation split, before any
 training, are logged as ``val_init/*``.
 
+Data-parallel (``torchrun`` with ``bundles/multi_gpu.json``, :mod:`lungcal.runtime.distributed`):
+every rank trains its shard of each epoch and scores its shard of the validation split (the
+metrics are gathered, so they are the whole split's); rank 0 alone opens the MLflow run (one run,
+``world_size`` among its params), writes the checkpoints and the resume state, evaluates the test
+split, runs the post-hoc calibrators and prints the summary; the other ranks return after training.
+
 Reproducibility: the bundle seeds the global RNG before it builds the network (``initialize``);
 this step seeds it again just before training, as the name-based bundles did, and the loaders,
 the augmentation and the mixup draws use their own seeded generators.
@@ -39,6 +45,7 @@ from lungcal.engine.summary import summary_lines
 from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device, seed_everything
 from lungcal.runtime.bundle_config import active_config, hyperparameters, resolved_section, unused_keys
+from lungcal.runtime.distributed import is_rank_zero, plain_state_dict, unwrap, world_size
 from lungcal.runtime.resume import (
     IDENTITY_EXCLUDE,
     RandomState,
@@ -131,6 +138,10 @@ class Stage1Run:
         self.lr_scheduler, self.resume = lr_scheduler, as_bool(resume, "resume")
         self.init_run_id, self.init_checkpoint = init_run_id or None, init_checkpoint or None
         self.freeze_encoder = as_bool(freeze_encoder, "freeze_encoder")
+        self.world_size = world_size()
+        if self.freeze_encoder and self.world_size > 1:  # DDP registered the encoder's gradients already
+            raise ConfigError("freeze_encoder does not run under torchrun (multi_gpu.json)", field="freeze_encoder",
+                              fix="fine-tune a frozen encoder in one process (drop multi_gpu.json)")
         if self.freeze_encoder and not (self.init_run_id or self.init_checkpoint):
             raise ConfigError("freeze_encoder needs a trained model to start from", field="freeze_encoder",
                               fix="set init_run_id or init_checkpoint, or freeze_encoder false")
@@ -151,8 +162,8 @@ class Stage1Run:
         rng = RandomState(generators_of(self.trainer.data_loader, self.trainer._process_function,
                                         evaluator.data_loader))
         scaler = getattr(self.trainer, "scaler", None)  # MONAI sets it with amp; disabled off CUDA (no state)
-        objects = {"model": self.network, "optimizer": self.trainer.optimizer, "lr_scheduler": self.lr_scheduler,
-                   "trainer": self.trainer, "best": self.checkpoint, "rng": rng,
+        objects = {"model": unwrap(self.network), "optimizer": self.trainer.optimizer,
+                   "lr_scheduler": self.lr_scheduler, "trainer": self.trainer, "best": self.checkpoint, "rng": rng,
                    "scaler": scaler if scaler is not None and scaler.is_enabled() else None}
         return TrainingResume(self.output_dir / "resume" / self.identity(), objects, enabled=self.resume)
 
@@ -164,13 +175,13 @@ class Stage1Run:
         parent = load_stage1(self.init_run_id, self.tracking_uri, checkpoint=self.init_checkpoint, device="cpu",
                              field=field)
         try:
-            self.network.load_state_dict(parent.network.state_dict())
+            unwrap(self.network).load_state_dict(parent.network.state_dict())
         except RuntimeError as exc:
             why = str(exc).splitlines()[0]
             raise ConfigError(f"the {field} model does not fit this bundle's network_def ({why})", field=field,
                               fix="fine-tune with the parent's network_def (same encoder and head)") from exc
         if self.freeze_encoder:
-            for p in self.network.encoder.parameters():
+            for p in unwrap(self.network).encoder.parameters():
                 p.requires_grad_(False)
         return parent.run_id or f"checkpoint:{file_digest(self.init_checkpoint)}"
 
@@ -184,6 +195,7 @@ class Stage1Run:
         p.update(method=self.method, post_hoc=self.post_hoc, network_def=self.network_def, loss=self.loss_def)
         p["datalist"] = {"source": self.cohort.source, "sha256": self.cohort.digest}
         p["n_ct"] = {s: len(self.cohort.splits[s]["subjects"]) for s in SPLITS}
+        p["world_size"] = self.world_size
         return p
 
     def resolved_config(self) -> dict[str, Any]:
@@ -195,18 +207,32 @@ class Stage1Run:
     def _log_init_validation(self, tracker: RunTracker) -> None:
         """``val_init/*``: the parent model, before fine-tuning, on this site's validation split."""
         val = self.cohort.splits["val"]
-        logits = predict(self.network, self.cohort.loader("val", self.batch_size), self.device)["logits"]
+        logits = predict(unwrap(self.network), self.cohort.loader("val", self.batch_size), self.device)["logits"]
         rep = evaluate_probs(probabilities(logits), val["labels"], n_bins=self.n_bins, n_bootstrap=0, seed=self.seed)
         tracker.log_report("val_init", {k: v for k, v in rep.items() if "_ci_" not in k})
+
+    def _train_replica(self, state: TrainingResume) -> dict[str, Any]:
+        """A rank above 0 under torchrun: restore rank 0's state, train its shards, leave the rest to rank 0."""
+        resumed = state.load()
+        if resumed < self.trainer.state.max_epochs:
+            self.trainer.run()
+        self.result = {"resumed_from_epoch": resumed}
+        return self.result
 
     def run(self) -> dict[str, Any]:
         """Train, evaluate on test, fit the post-hoc calibrators on validation, log, print a summary."""
         self.cohort.load()
         seed_everything(self.seed)
-        net = self.network
+        net = unwrap(self.network)  # rank 0's evaluation runs on the bare network (no collective calls)
+        n_val = len(self.cohort.splits["val"]["subjects"])
+        if n_val < self.world_size:
+            raise ConfigError(f"{n_val} validation CTs for {self.world_size} processes", field="nproc_per_node",
+                              fix="give each process at least one validation CT (fewer processes or more CTs)")
         init = self.load_init()
         state = self.training_state()
         previous = state.run_id(self.tracking_uri)
+        if not is_rank_zero():
+            return self._train_replica(state)
         with RunTracker(self.experiment, self.run_name, tracking_uri=self.tracking_uri,
                         tags=self._tags("none"), run_id=previous, parent_run_id=self.parent_run_id) as tracker:
             ckdir = self.output_dir / "checkpoints" / tracker.run_id
@@ -229,7 +255,7 @@ class Stage1Run:
                 self.trainer.run()
 
             best = torch.load(self.checkpoint.best_path, map_location="cpu", weights_only=True)
-            net.load_state_dict(best["state_dict"])
+            net.load_state_dict(plain_state_dict(best["state_dict"]))
             tracker.log_metrics({"best/epoch": best["epoch"], "best/val_auc": best["metric"]})
             out = {s: predict_uncertainty(net, self.cohort.loader(s, self.batch_size), self.device,
                                           mc_samples=self.mc_samples, seed=self.seed) for s in ("val", "test")}
@@ -252,7 +278,7 @@ class Stage1Run:
                             test_logits=out["test"]["logits"], test=test, test_attention=out["test"]["attention"],
                             n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed,
                             tracking_uri=self.tracking_uri, workdir=ckdir / "eval", title=self.method,
-                            experiment=self.experiment)
+                            experiment=self.experiment, train_labels=self.cohort.splits["train"]["labels"])
         self.result = {"stage1_run_id": stage1_id, "test": rep_test, "checkpoint": str(self.checkpoint.best_path),
                        "post_hoc": {r["name"]: r for r in post}, "resumed_from_epoch": resumed,
                        "predictions": out, "network_def": self.network_def, "bag_params": self.cohort.bag_params}

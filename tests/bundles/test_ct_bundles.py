@@ -121,6 +121,8 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
         for k in ("test/ece", "test/ece_ci_low", "test/ece_ci_high", "test/auc", "test/acc"):
             assert k in r.data.metrics, k
     assert "val/auc" in s1.data.metrics and "train/loss" in s1.data.metrics
+    # the prevalences the shipped probabilities are calibrated to (lungcal recalibrate --prevalence reads them)
+    assert 0 < s1.data.metrics["train/prevalence"] < 1 and 0 < s1.data.metrics["val/prevalence"] < 1
     # TS never changes AUC or ACC
     assert ts.data.metrics["test/auc"] == pytest.approx(s1.data.metrics["test/auc"], abs=1e-9)
     assert ts.data.metrics["test/acc"] == pytest.approx(s1.data.metrics["test/acc"], abs=1e-9)
@@ -169,7 +171,7 @@ def test_encoder_swap_by_config_trains_and_las_and_inference_rebuild_it(tiny_coh
     assert las and las[0].info.status == "FINISHED"
     out = tmp_path / "pred"
     run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(out), output_dir=str(store),
-               num_workers=0, stage1_run_id=s1.info.run_id, qc=TINY_QC)
+               num_workers=0, stage1_run_id=s1.info.run_id, qc=TINY_QC, pictures=False)
     assert len(list(csv.DictReader(open(out / "predictions.csv")))) == 15
 
 
@@ -201,7 +203,7 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
         run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store))
     out = tmp_path / "pred"
     run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(out), output_dir=str(store),
-               num_workers=0, qc=TINY_QC)
+               num_workers=0, qc=TINY_QC, pictures=False)
     rows = list(csv.DictReader(open(out / "predictions.csv")))
     assert len(rows) == 15
     assert all(0.0 <= float(r["probability"]) <= 1.0 for r in rows)
@@ -217,7 +219,7 @@ def test_inference_bundle_writes_probabilities_and_candidates(tiny_cohort, store
     assert temps.pop() == pytest.approx(linked_temperature(default_tracking_uri(store), latest), abs=6e-5)
     with pytest.raises(Exception) as info:
         run_bundle("inference", monkeypatch, inputs=str(tiny_cohort), output=str(tmp_path / "p2"),
-                   output_dir=str(store), num_workers=0, site="nowhere", qc=TINY_QC)
+                   output_dir=str(store), num_workers=0, site="nowhere", qc=TINY_QC, pictures=False)
     assert "recalibrate" in str(find_lungcal_error(info.value))
 
 

@@ -1,9 +1,10 @@
 """BagSet / random_orientation: label-preserving, reproducible training augmentation."""
 import itertools
 
+import pytest
 import torch
 
-from lungcal.engine.bagset import BagSet, random_orientation
+from lungcal.engine.bagset import BagSet, random_noise, random_orientation
 
 
 def _bag(k=3, p=6):
@@ -50,3 +51,26 @@ def test_bagset_augments_reproducibly_and_leaves_labels_and_masks():
     assert any(not torch.equal(x["bag"], bags[i]) for i, x in enumerate(items_a))
     assert [int(x["label"]) for x in items_a] == labels.tolist()
     assert all(torch.equal(x["mask"], mask[i]) for i, x in enumerate(items_a))
+
+
+def test_random_noise_strength_is_uniform_up_to_its_bound_and_clipped_to_the_window():
+    g = torch.Generator().manual_seed(3)
+    bag = torch.full((8, 1, 16, 16, 16), 0.5)
+    stds = torch.tensor([float((random_noise(bag, g, 0.05) - bag).std()) for _ in range(400)])
+    assert float(stds.max()) <= 0.05 * 1.05 and float(stds.min()) < 0.005
+    assert abs(float(stds.mean()) - 0.025) < 0.003  # U(0, 0.05) has mean 0.025
+    edge = random_noise(torch.zeros(2, 1, 8, 8, 8), torch.Generator().manual_seed(0), 0.5)
+    assert float(edge.min()) == 0.0 and float(edge.max()) <= 1.0
+
+
+def test_noise_off_draws_nothing_so_the_augmented_sequence_is_unchanged():
+    bags = _bag(4).unsqueeze(0).repeat(3, 1, 1, 1, 1, 1)
+    mask, labels = torch.ones(3, 4, dtype=torch.bool), torch.tensor([0, 1, 0])
+    off, zero = BagSet(bags, mask, labels, augment=True, seed=5), BagSet(bags, mask, labels, augment=True, seed=5,
+                                                                         noise_std=0.0)
+    assert all(torch.equal(off[i]["bag"], zero[i]["bag"]) for i in range(3))
+    noisy = BagSet(bags, mask, labels, augment=True, seed=5, noise_std=0.02)
+    assert not torch.equal(noisy[0]["bag"], BagSet(bags, mask, labels, augment=True, seed=5)[0]["bag"])
+    assert torch.equal(BagSet(bags, mask, labels, noise_std=0.02)[1]["bag"], bags[1])  # no augment, no noise
+    with pytest.raises(ValueError, match="noise_std"):
+        BagSet(bags, mask, labels, noise_std=1.5)

@@ -21,6 +21,7 @@ from lungcal.calibration.metrics import calibration_slope_intercept, ece, oe_rat
 from lungcal.calibration.prior import adjust_to_prior, estimate_prior_em
 from lungcal.calibration.scaling import PlattScaler, TemperatureScaler, make_calibrator, select_calibrator
 from lungcal.cli import main
+from lungcal.ct.qc import QCCheck, QCReport
 from lungcal.engine import recalibrate as recalibrate_module
 from lungcal.engine.evaluate import probabilities
 from lungcal.engine.recalibrate import format_summary, recalibrate
@@ -336,3 +337,34 @@ def test_recalibrate_user_errors(site, tmp_path):
     torch.save({"weights": 1}, notck)
     with pytest.raises(ConfigError, match="not a lungcal stage-1 checkpoint"):
         recalibrate(str(notck), site["datalist"], tracking_uri=site["uri"])
+
+
+def _qc_failing(subjects):
+    """A stand-in for the series checks that fails the CTs of ``subjects`` on slice thickness."""
+    def fake_screen(rows, config, cache_dir, masker=None, num_workers=0):
+        thick = QCCheck("slice_thickness", "fail", "3.2 mm", "slices thicker than 3.0 mm", "rescan")
+        return [QCReport([thick]) if r["subject"] in subjects else None for r in rows]
+    return fake_screen
+
+
+def test_ct_failing_a_series_check_is_left_out_and_counted(site, monkeypatch, capsys):
+    monkeypatch.setattr(recalibrate_module, "screen", _qc_failing({"s001", "s004"}))  # two val CTs
+    res = recalibrate(site["parent"], site["datalist"], method="ts", tracking_uri=site["uri"],
+                      output_dir=site["tmp"] / "out", n_bootstrap=50, log=False)
+    assert res["qc_skipped"] == {"val": 2, "test": 0} and res["n_val"] == 8 and res["n_test"] == 10
+    text = capsys.readouterr().out + format_summary(res)
+    assert "series checks: 2 of 10 CT(s) skipped" in text and "slice_thickness" in text
+    assert "series checks left out 2 val CT(s)" in text
+    # without the checks every CT is scored
+    res = recalibrate(site["parent"], site["datalist"], method="ts", tracking_uri=site["uri"],
+                      output_dir=site["tmp"] / "out", n_bootstrap=50, log=False, qc=None)
+    assert res["n_val"] == 10 and res["qc_skipped"] == {"val": 0, "test": 0}
+
+
+def test_a_split_left_with_one_class_after_the_checks_is_refused_before_any_run(site, monkeypatch, capsys):
+    val_cancers = {f"s{i:03d}" for i in range(30) if i % 3 == 1 and i % 2 == 1}
+    monkeypatch.setattr(recalibrate_module, "screen", _qc_failing(val_cancers))
+    assert _cli(site) == 2
+    assert "'val' split holds only label(s) [0]" in capsys.readouterr().err
+    client, runs = _site_runs(site)
+    assert runs == []
