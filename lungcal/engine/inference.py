@@ -1,68 +1,96 @@
-"""The run step of ``bundles/inference.json``: calibrated probabilities for new CTs, with a candidates table.
+"""Scoring new CTs: the run step of ``bundles/inference.json`` and ``lungcal predict``, one code path.
 
 The model is a stage-1 run or checkpoint (:func:`lungcal.engine.checkpoint.load_stage1`); with a
 run, the calibrator of its linked post-hoc run is applied: the reference one fitted by the stage-1
 bundle (TS by default) or, with ``site``, whatever ``lungcal recalibrate`` stored at that site (TS,
 Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.site_calibrator`).
+
+Order of work: inputs (:mod:`lungcal.engine.inputs`), model, calibrator, referral rule and series
+checks are resolved first, so a user error (no CT, unknown run, unknown site, a refused series)
+stops the command in one line before any MLflow run is opened or any file written. Then one
+MLflow run (tag ``lungcal.inference``, linked to the model's run by ``lungcal.parent_run``) holds
+the inputs count and settings (params), ``qc.csv``, ``predictions.csv`` and the gallery (the most
+confident calls each way and the referred CTs, ``gallery/<group>/<pseudonym>.png``). The output
+folder gets ``predictions.csv``, ``candidates/<pseudonym>.csv``, ``cases/<pseudonym>.json`` +
+``.png`` (:mod:`lungcal.engine.scoring`, :mod:`lungcal.engine.pictures`), ``qc.csv`` and the local
+key ``inputs.csv`` (pseudonym -> input path; never logged).
 """
 from __future__ import annotations
 
-import csv
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
+from mlflow.tracking import MlflowClient
+from tqdm.auto import tqdm
 
-from lungcal.candidates.cache import BagParams, build_bags, masker_from_config
-from lungcal.data.manifest import load_manifest
-from lungcal.engine.bagset import BagSet
+from lungcal.candidates.cache import BagParams, masker_from_config
+from lungcal.ct.io import load_ct
 from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.cohort import load_split, resolve_output_dir
+from lungcal.engine.cohort import resolve_output_dir
+from lungcal.engine.inputs import CT_SUFFIXES, KEY_FILE, input_rows, write_key
+from lungcal.engine.pictures import gallery_selection, write_case_picture
 from lungcal.engine.predict import predict
-from lungcal.engine.series_qc import log_warnings, refuse_failed, screen
+from lungcal.engine.scoring import ReferralRule, answer_line, case_record, score_rows, write_outputs
+from lungcal.engine.series_qc import log_warnings, qc_csv_rows, refuse_failed, screen, write_qc_csv
 from lungcal.engine.site_calibrator import (
-    calibrated_probs,
     reference_calibrator,
     site_calibrator,
     temperature_calibrator,
 )
-from lungcal.errors import ConfigError, DataError
-from lungcal.paths import atomic_write
+from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device
-from lungcal.tracking import default_tracking_uri
+from lungcal.tracking import (
+    CT_EXPERIMENT,
+    TAG_DATASET,
+    TAG_INFERENCE,
+    TAG_MODEL,
+    TAG_SITE,
+    TAG_STAGE1,
+    RunTracker,
+    default_tracking_uri,
+    file_digest,
+    linked_calibrator_run,
+)
 
 __all__ = ["CT_SUFFIXES", "InferenceRun"]
 
 logger = logging.getLogger(__name__)
 
-CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
-
 
 class InferenceRun:
-    """Calibrated probabilities for new CTs, with a candidates table per CT.
+    """Calibrated probabilities, referral and pictures for new CTs, as one MLflow run.
 
     Args:
-        inputs: a datalist JSON, or a folder of CTs (each NIfTI/MHD/NRRD file or DICOM series
-            folder directly inside it is one CT).
+        inputs: one CT (NIfTI/MHD/NRRD file or DICOM series folder), a folder of CTs, or a datalist
+            JSON whose rows need only ``image`` (:func:`lungcal.engine.inputs.input_rows`).
         stage1_run_id / checkpoint: the model (default: latest finished stage-1 run).
         temperature: overrides the temperature (1.0 = uncalibrated) when set.
         site: apply the calibrator ``lungcal recalibrate`` stored for this site (any kind).
-        output: folder for ``predictions.csv`` and ``candidates/<subject>.csv``
-            (default ``<output_dir>/inference/<timestamp>``).
+        output: the output folder (default ``<output_dir>/inference/<timestamp>``).
         output_dir, tracking_uri, device, num_workers, batch_size: as for the stage-1 bundles.
         qc: series-check thresholds (the bundle's ``qc`` section); a CT that fails a check is
             refused (``DataError`` naming its pseudonym, the check and the measured value) before
             anything is written; warnings are logged. ``None`` checks nothing.
+        refer_below: refer a CT whose confidence max(p, 1-p) is below this; default: the applied
+            calibrator run's validation rule (:class:`lungcal.engine.scoring.ReferralRule`).
+        pictures: write ``cases/<pseudonym>.png`` per CT and log the gallery.
+        top_k: candidates per CT in its record and picture.
+        mode: the ``lungcal.inference`` tag (``bundle`` or ``predict``).
+        predict_fn: ``predict(network, loader, device)``; one that also returns ``samples`` (M, N, C)
+            member probabilities (MC dropout, an ensemble) fills the uncertainty fields.
     """
 
     def __init__(self, inputs: str | None = None, stage1_run_id: str | None = None, checkpoint: str | None = None,
                  temperature: float | None = None, output: str | None = None,
                  output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
                  device: str | None = "auto", num_workers: int = 2, batch_size: int = 16,
-                 site: str | None = None, qc: Any = None) -> None:
+                 site: str | None = None, qc: Any = None, refer_below: float | None = None, pictures: bool = True,
+                 top_k: int = 3, mode: str = "bundle", predict_fn: Callable = predict) -> None:
         if not inputs:
             raise ConfigError("no inputs given", field="inputs", fix="pass --inputs <datalist.json or folder of CTs>")
         self.output_dir = resolve_output_dir(output_dir)
@@ -75,21 +103,13 @@ class InferenceRun:
         self.device = resolve_device(device)
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
         self.qc = qc
+        self.rule = ReferralRule.given(refer_below) if refer_below is not None else None
+        self.pictures, self.top_k, self.mode = bool(pictures), int(top_k), str(mode)
+        self.predict_fn = predict_fn
 
     def rows(self) -> list[dict]:
-        """Datalist rows of the inputs; a folder's CTs get pseudonyms by position (file names may carry identifiers)."""
-        if self.inputs.is_file():
-            return load_manifest(self.inputs)
-        if not self.inputs.is_dir():
-            raise DataError("inputs not found", file=self.inputs, field="inputs",
-                            fix="pass a datalist JSON or a folder of CTs")
-        items = sorted(p for p in self.inputs.iterdir() if not p.name.startswith("."))
-        cts = [p for p in items if p.is_dir() or p.name.lower().endswith(CT_SUFFIXES)]
-        if not cts:
-            raise DataError("no CT found in the folder", file=self.inputs, field="inputs",
-                            fix="put one NIfTI/MHD/NRRD file or DICOM series folder per CT in it")
-        return [{"image": str(p), "label": -1, "subject": f"ct{i:04d}", "site": "inference", "split": "test"}
-                for i, p in enumerate(cts)]
+        """Rows of the inputs (:func:`lungcal.engine.inputs.input_rows`)."""
+        return input_rows(self.inputs)
 
     def resolve_calibrator(self, run):
         """The explicit temperature, else the site's stored calibrator (``site``), else the run's
@@ -119,15 +139,24 @@ class InferenceRun:
         cal = self.resolve_calibrator(run)
         return 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
 
+    def resolve_rule(self, run) -> ReferralRule:
+        """``refer_below`` when given, else the validation rule of the applied calibrator's run, else none."""
+        if self.rule is not None:
+            return self.rule
+        if self.temperature is not None or run is None:
+            return ReferralRule(None)
+        return ReferralRule.from_run(linked_calibrator_run(self.tracking_uri, run, site=self.site))
+
+    # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
-        """Write ``predictions.csv`` (subject, probability, temperature) and per-CT candidate tables."""
+        """Score every CT; write the outputs; log the MLflow run; print one line per CT."""
         rows = self.rows()
         stage1 = load_stage1(self.stage1_run_id, self.tracking_uri, checkpoint=self.checkpoint, device=self.device)
         cal = self.resolve_calibrator(stage1.run)
         temp = 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
         cal_name = "none" if cal is None else str(cal.name)
-        for r in rows:
-            r.setdefault("label", -1)
+        rule = self.resolve_rule(stage1.run)
+        reports: list = [None] * len(rows)
         if self.qc is not None:  # scoring refuses a series that fails a check; warnings are logged
             stored = BagParams.from_any(stage1.bag_params).preprocess.get("masker")  # None: the default
             masker = masker_from_config(stored) if stored else None
@@ -135,31 +164,54 @@ class InferenceRun:
                              num_workers=self.num_workers)
             log_warnings(rows, reports)
             refuse_failed(rows, reports)
-        built = build_bags(rows, stage1.bag_params, self.output_dir / "cache" / "bags", num_workers=self.num_workers)
-        split = load_split(built)
-        labels = torch.zeros(len(built), dtype=torch.long)
-        loader = torch.utils.data.DataLoader(BagSet(split["bags"], split["mask"], labels), batch_size=self.batch_size,
-                                             shuffle=False)
-        out = predict(stage1.network, loader, self.device)
-        p = calibrated_probs(cal, out["logits"])[:, 1]
-        self._write(split, out["attention"], p, temp, cal_name)
-        print(f"== lungcal inference ==\n  {len(rows)} CT(s), calibrator {cal!r}\n  written to {self.output}",
-              flush=True)
-        return {"output": str(self.output), "temperature": temp, "calibrator": cal_name, "probabilities": p.tolist()}
+        model_id = stage1.run_id or f"checkpoint:{file_digest(self.checkpoint or self.stage1_run_id)}"
+        tags = {TAG_INFERENCE: self.mode, TAG_MODEL: model_id, TAG_STAGE1: stage1.stage1_name(TAG_STAGE1),
+                TAG_SITE: self.site or "reference", TAG_DATASET: "inference"}
+        with RunTracker(self._experiment(stage1.run), f"{self.mode}-{time.strftime('%Y%m%d-%H%M%S')}",
+                        tracking_uri=self.tracking_uri, tags=tags, parent_run_id=stage1.run_id) as tracker:
+            tracker.log_params({"n_inputs": len(rows), "calibrator": cal_name, "site": self.site or "reference",
+                                "temperature": temp, "referral": rule.as_dict(), "pictures": self.pictures,
+                                "top_k": self.top_k, "qc": self.qc is not None, "bag_params": stage1.bag_params})
+            scores = score_rows(stage1.network, rows, stage1.bag_params, cal,
+                                cache_dir=self.output_dir / "cache" / "bags", device=self.device,
+                                batch_size=self.batch_size, num_workers=self.num_workers, predict_fn=self.predict_fn)
+            model = {"run_id": stage1.run_id, "site": self.site, "calibrator": cal_name, "mlflow_run": tracker.run_id}
+            cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model, qc=reports[i])
+                     for i in range(len(rows))]
+            paths = write_outputs(self.output, scores, cases, temp)
+            key = write_key(rows, self.output)  # local only: it holds the input paths
+            qc_path = write_qc_csv(self.output / "qc.csv", qc_csv_rows(rows, reports))
+            if self.pictures:
+                self._pictures(rows, cases)
+            tracker.log_artifact(paths["predictions"])
+            tracker.log_artifact(qc_path)
+            gallery = gallery_selection(cases) if self.pictures else {}
+            for group, names in gallery.items():
+                for name in names:
+                    tracker.log_artifact(self.output / "cases" / f"{name}.png", f"gallery/{group}")
+            referred = [c["referral"]["refer"] for c in cases]
+            metrics = {"n_scored": len(cases), "mean_probability": float(np.mean(scores["probs"][:, 1]))}
+            if rule.threshold is not None:
+                metrics.update(n_referred=sum(bool(r) for r in referred), referral_threshold=rule.threshold)
+            tracker.log_metrics(metrics)
+            run_id = tracker.run_id
+        lines = [answer_line(c) for c in cases]
+        print("\n".join([f"== lungcal {'predict' if self.mode == 'predict' else 'inference'} ==", *lines,
+                         f"  {len(rows)} CT(s), calibrator {cal!r}; {rule.describe()}",
+                         f"  written to {self.output} (cases/<pseudonym>.json + .png, predictions.csv)",
+                         f"  {KEY_FILE} there maps each pseudonym to its input file: kept local, never logged",
+                         f"  MLflow run {run_id}"]), flush=True)
+        return {"output": str(self.output), "temperature": temp, "calibrator": cal_name,
+                "probabilities": scores["probs"][:, 1].tolist(), "cases": cases, "run_id": run_id,
+                "key": str(key), "referral": rule.as_dict()}
 
-    def _write(self, split, attention: torch.Tensor, p, temp: float, cal_name: str = "ts") -> None:
-        with atomic_write(self.output / "predictions.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["subject", "probability", "temperature", "top_candidate", "top_attention", "calibrator"])
-            for i, subj in enumerate(split["subjects"]):
-                att = attention[i].numpy()
-                j = int(att.argmax())
-                w.writerow([subj, f"{p[i]:.6f}", "" if temp != temp else f"{temp:.4f}", j, f"{att[j]:.6f}", cal_name])
-        for i, subj in enumerate(split["subjects"]):
-            c, att = split["candidates"][i], attention[i].numpy()
-            with atomic_write(self.output / "candidates" / f"{subj}.csv", "w", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(["slot", "x_mm", "y_mm", "z_mm", "radius_mm", "score", "attention"])
-                for j in range(len(c["score"])):
-                    w.writerow([j, *(f"{v:.2f}" for v in c["world"][j]), f"{c['radius_mm'][j]:.2f}",
-                                f"{c['score'][j]:.4f}", f"{att[j]:.6f}"])
+    def _experiment(self, run) -> str:
+        if run is None:
+            return CT_EXPERIMENT
+        exp = MlflowClient(self.tracking_uri).get_experiment(run.info.experiment_id)
+        return exp.name if exp is not None else CT_EXPERIMENT
+
+    def _pictures(self, rows: list[dict], cases: list[dict]) -> None:
+        for row, case in tqdm(list(zip(rows, cases)), desc="pictures", unit="CT", disable=len(rows) < 2):
+            image = load_ct(row["image"], series_uid=row.get("series_uid"))
+            write_case_picture(self.output / "cases" / f"{case['pseudonym']}.png", image, case)

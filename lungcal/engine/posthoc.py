@@ -13,7 +13,9 @@ was fitted on) is logged as the metric ``source_prior`` of each post-hoc run, an
 gets ``val/prevalence`` (and ``train/prevalence`` when the caller passes the training labels):
 ``lungcal recalibrate --prevalence`` adjusts the shipped probabilities *from* it. A fit that is
 "no signal" (:func:`lungcal.calibration.scaling.fit_warnings`: a parameter on its bound, a fit
-that did not converge, a validation AUC at chance) gets the tag ``lungcal.fit_warning``.
+that did not converge, a validation AUC at chance) gets the tag ``lungcal.fit_warning``. Each
+post-hoc run also stores ``val/referral_threshold_cov90``, the referral rule inference applies
+(:class:`lungcal.engine.scoring.ReferralRule`).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ import torch
 
 from lungcal.calibration.scaling import fit_warnings, make_calibrator
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
+from lungcal.engine.scoring import REFERRAL_METRIC, referral_threshold
+from lungcal.engine.site_calibrator import calibrated_probs
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import CT_EXPERIMENT, TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, add_run_metrics
 
@@ -71,7 +75,8 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
         with RunTracker(experiment, f"{run_name}+{name}", tracking_uri=tracking_uri,
                         tags={**tags(name), TAG_CALIBRATOR: name}, parent_run_id=stage1_run_id) as tracker:
             tracker.log_params({**params, "stage2": name, "fit_split": "val"})
-            tracker.log_metrics({"source_prior": source_prior})
+            tracker.log_metrics({"source_prior": source_prior,  # the referral rule inference applies
+                                 REFERRAL_METRIC: referral_threshold(calibrated_probs(calibrator, val_logits.numpy()))})
             if warnings:
                 tracker.set_tags({TAG_FIT_WARNING: "; ".join(warnings)})
             info = {"calibrator": name, "fit_split": "val", "stage1_run": stage1_run_id, "source_prior": source_prior,

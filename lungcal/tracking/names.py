@@ -26,6 +26,8 @@ __all__ = [
     "TAG_ENDED_BY",
     "TAG_RESUMED_FROM",
     "TAG_INIT_RUN",
+    "TAG_INFERENCE",
+    "TAG_MODEL",
     "TAG_ENSEMBLE",
     "MLFLOW_PARENT",
     "MLFLOW_EXPERIMENT_KIND",
@@ -72,6 +74,12 @@ TAG_INIT_RUN = "lungcal.init_run"
 #: members' average (``lungcal.stage2 = ensemble``, its TS run ``ensemble+ts``), ``member`` on each
 #: member's stage-1 run (nested under the parent by ``mlflow.parentRunId`` / ``lungcal.parent_run``).
 TAG_ENSEMBLE = "lungcal.ensemble"
+
+#: on a scoring run (``lungcal predict`` = ``predict``, ``bundles/inference.json`` = ``bundle``); it is
+#: linked to the model's stage-1 run by ``lungcal.parent_run`` and carries no ``lungcal.stage2``.
+TAG_INFERENCE = "lungcal.inference"
+#: the model a scoring run used: the stage-1 run id, or ``checkpoint:<sha256[:16]>`` of the file.
+TAG_MODEL = "lungcal.model"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"

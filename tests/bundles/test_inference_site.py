@@ -82,7 +82,8 @@ def _infer(trained, out: Path, **kw) -> list[dict]:
     mp.chdir(ROOT)
     try:
         run(config_file="bundles/inference.json", logging_file=False, inputs=str(trained["cohort"]), output=str(out),
-            output_dir=str(trained["store"]), num_workers=0, stage1_run_id=trained["run"].info.run_id, qc=TINY_QC, **kw)
+            output_dir=str(trained["store"]), num_workers=0, stage1_run_id=trained["run"].info.run_id, qc=TINY_QC,
+            pictures=False, **kw)  # pictures: tests/bundles/test_predict_command.py
     finally:
         mp.undo()
     return list(csv.DictReader(open(out / "predictions.csv")))

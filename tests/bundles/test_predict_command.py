@@ -1,0 +1,295 @@
+"""``lungcal predict PATH --run ID`` and ``bundles/inference.json``: one code path, one linked MLflow run each.
+
+A tiny stage-1 model is trained on the session's tiny cohort with the real bundle; then CTs
+without labels are scored from a single NIfTI file, a folder of DICOM series and a datalist whose
+rows hold only ``image``. Checked: the per-CT JSON (the reference TS applied, referral by the
+post-hoc run's validation threshold or ``--refer-below``, top candidates in mm by attention, MC
+member samples through the same calibrator), the PNGs (decode, expected size), the local key
+``inputs.csv`` (and that it stays out of MLflow), the MLflow run (linked to the model's run,
+FINISHED, params and artifacts, no input path anywhere in it), and bad input (exit 2, one line,
+no run left RUNNING).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+import torch
+from mlflow.tracking import MlflowClient
+from monai.bundle import run
+from PIL import Image
+
+from lungcal.cli import main
+from lungcal.engine.inference import InferenceRun
+from lungcal.engine.pictures import _patch, _plane, case_figure, gallery_selection
+from lungcal.engine.predict import predict
+from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
+from lungcal.engine.site_calibrator import calibrated_probs, reference_calibrator
+from lungcal.errors import ConfigError
+from lungcal.tracking import (
+    MLFLOW_PARENT,
+    TAG_INFERENCE,
+    TAG_MODEL,
+    TAG_PARENT,
+    TAG_STAGE2,
+    default_tracking_uri,
+    linked_calibrator_run,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the tiny cohort is at 5 mm: series checks that accept its slices and pixels (the defaults refuse both)
+TINY_QC = {"max_slice_thickness_mm": 6.0, "warn_slice_thickness_mm": 6.0, "max_pixel_mm": 6.0}
+PNG_SIZE = (1300, 820)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_cohort, tmp_path_factory):
+    """A store with a 1-epoch nlst_ce model (and its reference TS run) trained on the tiny cohort."""
+    store = tmp_path_factory.mktemp("predict_runs")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)  # % macros resolve from the working directory
+    try:
+        run(config_file="bundles/nlst_ce.json", logging_file=False, datalist=str(tiny_cohort), output_dir=str(store),
+            epochs=1, n_bootstrap=20, num_workers=0, spacing=[5.0, 5.0, 5.0], patch_size=8, batch_size=4,
+            run_name="tiny-predict", qc={"_target_": "lungcal.ct.qc.QCConfig", **TINY_QC})
+    finally:
+        mp.undo()
+    uri = default_tracking_uri(store)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("nlst")
+    s1 = client.search_runs([exp.experiment_id], f"tags.`{TAG_STAGE2}` = 'none'")[0]
+    dicoms = sorted(p for p in (tiny_cohort.parent / "dicom").iterdir() if p.is_dir())
+    return {"store": store, "uri": uri, "run": s1, "client": client, "dicoms": dicoms}
+
+
+def _predict(model, path, out: Path, *extra: str) -> int:
+    return main(["predict", str(path), "--run", model["run"].info.run_id, "--output-dir", str(model["store"]),
+                 "--output", str(out), "--qc", json.dumps(TINY_QC), *extra])
+
+
+def _runs(model, **tags) -> list:
+    flt = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    exp = model["client"].get_experiment_by_name("nlst")
+    return model["client"].search_runs([exp.experiment_id], filter_string=flt,
+                                       order_by=["attributes.start_time DESC"])
+
+
+def _mlflow_text(model, run_id: str, tmp: Path) -> str:
+    """Every param, tag and artifact (name and text) of a run, as one string."""
+    r = model["client"].get_run(run_id)
+    parts = [json.dumps(r.data.params), json.dumps(r.data.tags)]
+    local = Path(model["client"].download_artifacts(run_id, "", str(tmp)))
+    for f in local.rglob("*"):
+        if f.is_file():
+            parts.append(str(f.relative_to(local)))
+            if f.suffix in (".csv", ".json", ".txt"):
+                parts.append(f.read_text())
+    return "\n".join(parts)
+
+
+def _answers(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("ct")]
+
+
+def test_predict_one_nifti_writes_json_png_key_and_a_linked_run(model, tmp_path, capsys):
+    nifti = tmp_path / "inputs" / "patient_Doe_John.nii.gz"  # a file name that identifies someone
+    nifti.parent.mkdir()
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(model["dicoms"][0])))
+    sitk.WriteImage(reader.Execute(), str(nifti))
+    out = tmp_path / "out"
+    assert _predict(model, nifti, out) == 0
+    answers = _answers(capsys)
+    assert len(answers) == 1 and answers[0].startswith("ct0000  p(cancer) ")
+
+    case = json.loads((out / "cases" / "ct0000.json").read_text())
+    assert {"pseudonym", "probability", "confidence", "calibrator", "uncertainty", "referral", "candidates",
+            "model"} <= set(case)
+    assert case["calibrator"] == "ts" and 0.0 <= case["probability"] <= 1.0
+    assert case["confidence"] == pytest.approx(max(case["probability"], 1 - case["probability"]))
+    assert case["uncertainty"]["entropy"] > 0 and case["uncertainty"]["interval"] is None  # no MC samples
+    # the referral rule is the reference TS run's validation threshold
+    ts_run = linked_calibrator_run(model["uri"], model["run"])
+    thr = ts_run.data.metrics[REFERRAL_METRIC]
+    assert case["referral"]["source"] == "validation" and case["referral"]["threshold"] == pytest.approx(thr)
+    assert case["referral"]["refer"] == (case["confidence"] < thr)
+    cands = case["candidates"]
+    assert 1 <= len(cands) <= 3 and [c["rank"] for c in cands] == list(range(1, len(cands) + 1))
+    assert all(a["attention"] >= b["attention"] for a, b in zip(cands, cands[1:]))
+    for c in cands:
+        assert len(c["ras_mm"]) == 3 and c["lps_mm"] == pytest.approx([-c["ras_mm"][0], -c["ras_mm"][1],
+                                                                       c["ras_mm"][2]])
+    png = Image.open(out / "cases" / "ct0000.png")
+    png.load()
+    assert png.size == PNG_SIZE
+    with open(out / "inputs.csv") as fh:
+        key = list(csv.DictReader(fh))
+    assert key == [{"pseudonym": "ct0000", "image": str(nifti.absolute()), "series_uid": ""}]
+
+    runs = _runs(model, **{TAG_INFERENCE: "predict", TAG_PARENT: model["run"].info.run_id})
+    assert len(runs) == 1
+    r = runs[0]
+    assert r.info.status == "FINISHED" and r.data.tags[MLFLOW_PARENT] == model["run"].info.run_id
+    assert r.data.tags[TAG_MODEL] == model["run"].info.run_id and TAG_STAGE2 not in r.data.tags
+    assert r.data.params["n_inputs"] == "1" and r.data.params["calibrator"] == "ts"
+    assert case["model"]["mlflow_run"] == r.info.run_id
+    names = {a.path for a in model["client"].list_artifacts(r.info.run_id)}
+    assert {"predictions.csv", "qc.csv", "gallery"} <= names and "inputs.csv" not in names
+    text = _mlflow_text(model, r.info.run_id, tmp_path / "dl")
+    assert "Doe_John" not in text and str(nifti.parent) not in text
+    # the reference-run look-ups still find the calibrator, not the scoring run
+    assert reference_calibrator(model["uri"], model["run"]).name == "ts"
+
+
+def test_predict_folder_and_label_free_datalist(model, tmp_path, capsys):
+    folder = tmp_path / "new_cts"
+    for d in model["dicoms"][:3]:
+        shutil.copytree(d, folder / d.name)
+    out = tmp_path / "folder_out"
+    assert _predict(model, folder, out) == 0
+    assert [a.split()[0] for a in _answers(capsys)] == ["ct0000", "ct0001", "ct0002"]
+    for name in ("ct0000", "ct0001", "ct0002"):
+        assert json.loads((out / "cases" / f"{name}.json").read_text())["pseudonym"] == name
+        with Image.open(out / "cases" / f"{name}.png") as png:
+            assert png.size == PNG_SIZE
+    with open(out / "inputs.csv") as fh:
+        key = {r["pseudonym"]: r["image"] for r in csv.DictReader(fh)}
+    assert key == {f"ct{i:04d}": str((folder / d.name).absolute()) for i, d in enumerate(model["dicoms"][:3])}
+    with open(out / "predictions.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["subject"] for r in rows] == ["ct0000", "ct0001", "ct0002"]
+    assert {"probability", "confidence", "referred", "entropy"} <= set(rows[0])
+    r = _runs(model, **{TAG_INFERENCE: "predict", TAG_PARENT: model["run"].info.run_id})[0]
+    assert r.data.params["n_inputs"] == "3" and r.info.status == "FINISHED"
+    gallery = [a.path for g in model["client"].list_artifacts(r.info.run_id, "gallery")
+               for a in model["client"].list_artifacts(r.info.run_id, g.path)]
+    assert gallery and all(p.endswith(".png") for p in gallery)
+    assert str(folder) not in _mlflow_text(model, r.info.run_id, tmp_path / "dl")
+
+    # a datalist whose rows hold only an image (relative to it): no label, site or split
+    datalist = folder / "new.json"
+    datalist.write_text(json.dumps({"rows": [{"image": d.name} for d in model["dicoms"][:3]]}))
+    out2 = tmp_path / "datalist_out"
+    assert _predict(model, datalist, out2, "--no-pictures", "--refer-below", "0.99") == 0
+    assert len(_answers(capsys)) == 3
+    cases = [json.loads((out2 / "cases" / f"ct{i:04d}.json").read_text()) for i in range(3)]
+    assert not list((out2 / "cases").glob("*.png"))
+    assert all(c["referral"]["source"] == "refer_below" and c["referral"]["threshold"] == 0.99 for c in cases)
+    assert all(c["referral"]["refer"] == (c["confidence"] < 0.99) for c in cases)
+    # the same CTs, the same probabilities as from the folder
+    first = json.loads((out / "cases" / "ct0000.json").read_text())
+    assert cases[0]["probability"] == pytest.approx(first["probability"], abs=1e-9)
+
+
+def test_bad_input_exits_2_in_one_line_and_leaves_no_run(model, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    before = len(_runs(model, **{TAG_INFERENCE: "predict"}))
+    for argv in (["predict", str(empty), "--run", model["run"].info.run_id],
+                 ["predict", str(model["dicoms"][0]), "--run", "0123456789abcdef0123456789abcdef"],
+                 ["predict", str(tmp_path / "missing.nii.gz"), "--run", model["run"].info.run_id]):
+        rc = main([*argv, "--output-dir", str(model["store"]), "--output", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("lungcal predict: error:")]
+        assert rc == 2 and len(errors) == 1, err
+        assert "Fix:" in errors[0] or "fix" in errors[0].lower()
+    assert not (tmp_path / "out").exists()
+    assert len(_runs(model, **{TAG_INFERENCE: "predict"})) == before
+    exp = model["client"].get_experiment_by_name("nlst")
+    assert not model["client"].search_runs([exp.experiment_id], "attributes.status = 'RUNNING'")
+
+
+def test_inference_bundle_is_the_same_code_path_and_a_linked_run(model, tmp_path, monkeypatch):
+    folder = tmp_path / "cts"
+    for d in model["dicoms"][3:5]:
+        shutil.copytree(d, folder / d.name)
+    out = tmp_path / "bundle_out"
+    monkeypatch.chdir(ROOT)
+    run(config_file="bundles/inference.json", logging_file=False, inputs=str(folder), output=str(out),
+        output_dir=str(model["store"]), num_workers=0, stage1_run_id=model["run"].info.run_id,
+        qc={"_target_": "lungcal.ct.qc.QCConfig", **TINY_QC})
+    for name in ("ct0000", "ct0001"):
+        assert (out / "cases" / f"{name}.png").is_file() and (out / "cases" / f"{name}.json").is_file()
+    assert (out / "inputs.csv").is_file() and (out / "candidates" / "ct0000.csv").is_file()
+    r = _runs(model, **{TAG_INFERENCE: "bundle", TAG_PARENT: model["run"].info.run_id})[0]
+    assert r.info.status == "FINISHED" and r.data.params["n_inputs"] == "2"
+    assert {"predictions.csv", "qc.csv", "gallery"} <= {a.path for a in model["client"].list_artifacts(r.info.run_id)}
+
+
+def test_member_samples_fill_the_uncertainty_fields(model, tmp_path):
+    """A predict function that returns MC samples (issue 18 item 1) gets MI, sd and an interval per CT."""
+    seen = []
+
+    def with_samples(network, loader, device):
+        out = predict(network, loader, device)
+        g = torch.Generator().manual_seed(0)
+        noise = 0.5 * torch.randn((8, *out["logits"].shape), generator=g, dtype=torch.float64)
+        out["samples"] = torch.softmax(out["logits"].double()[None] + noise, dim=-1)
+        seen.append(out["samples"].numpy())
+        return out
+
+    res = InferenceRun(inputs=str(model["dicoms"][5]), stage1_run_id=model["run"].info.run_id,
+                       output=str(tmp_path / "mc"), output_dir=str(model["store"]), num_workers=0, device="cpu",
+                       qc={**TINY_QC}, pictures=False, predict_fn=with_samples).run()
+    unc = res["cases"][0]["uncertainty"]
+    assert unc["samples"] == 8 and unc["mutual_information"] > 0 and unc["probability_sd"] > 0
+    lo, hi = unc["interval"]
+    assert lo < hi and 0.0 <= lo and hi <= 1.0
+    ref = reference_calibrator(model["uri"], model["run"])  # members go through the same calibrator
+    members = np.array([calibrated_probs(ref, np.log(s))[0, 1] for s in seen[0]])
+    assert [lo, hi] == pytest.approx([np.quantile(members, 0.1), np.quantile(members, 0.9)])
+    assert unc["probability_sd"] == pytest.approx(members.std())
+    assert json.loads((tmp_path / "mc" / "cases" / "ct0000.json").read_text())["uncertainty"] == unc
+
+
+# ----------------------------------------------------------------------------- no model needed
+def test_referral_threshold_is_the_confidence_of_the_least_confident_case_kept():
+    p1 = np.array([0.05, 0.5, 0.9, 0.6, 0.3, 0.99, 0.45, 0.8, 0.2, 0.7])
+    conf = np.maximum(p1, 1 - p1)
+    t = referral_threshold(p1, 0.9)
+    assert t == pytest.approx(np.sort(conf)[1])  # 9 of 10 kept: only the least confident (0.5) is below
+    assert (conf < t).sum() == 1
+    assert referral_threshold(np.stack([1 - p1, p1], axis=1), 0.8) == pytest.approx(np.sort(conf)[2])
+    with pytest.raises(ConfigError):
+        ReferralRule.given(0.3)
+    rule = ReferralRule.given(0.7)
+    assert rule.refer(0.65) is True and rule.refer(0.7) is False and ReferralRule(None).refer(0.6) is None
+
+
+def test_picture_orientation_and_centring():
+    """Axial/coronal put the patient's right on the image's left; each patch is centred on its candidate."""
+    arr = np.full((40, 30, 20), -1000.0, dtype=np.float32)
+    arr[35, 20, 15] = 500.0  # towards the patient's right (high x), anterior (high y), superior (high z)
+    axial = _plane(arr, "axial", 15)
+    r, c = np.unravel_index(axial.argmax(), axial.shape)
+    assert c < axial.shape[1] / 2 and r < axial.shape[0] / 2  # image left = patient right; top = anterior
+    coronal = _plane(arr, "coronal", 20)
+    r, c = np.unravel_index(coronal.argmax(), coronal.shape)
+    assert c < coronal.shape[1] / 2 and r < coronal.shape[0] / 2  # top = superior
+    sagittal = _plane(arr, "sagittal", 35)
+    r, c = np.unravel_index(sagittal.argmax(), sagittal.shape)
+    assert c < sagittal.shape[1] / 2 and r < sagittal.shape[0] / 2  # left = anterior, top = superior
+    for view in ("axial", "coronal", "sagittal"):
+        patch = _patch(arr, view, np.array([35.0, 20.0, 15.0]), np.array([6.0, 6.0, 6.0]), -1000.0)
+        assert patch.shape == (13, 13) and patch[6, 6] == 500.0
+    edge = _patch(arr, "axial", np.array([0.0, 0.0, 0.0]), np.array([6.0, 6.0, 6.0]), -2000.0)
+    assert edge.shape == (13, 13) and (edge == -2000.0).any()  # padded beyond the volume
+
+
+def test_gallery_groups_and_a_figure_without_candidates():
+    cases = [{"pseudonym": f"ct{i:04d}", "probability": p, "referral": {"refer": r, "confidence": max(p, 1 - p)}}
+             for i, (p, r) in enumerate([(0.9, False), (0.55, True), (0.1, False), (0.6, True), (0.8, False)])]
+    g = gallery_selection(cases, n=2)
+    assert g == {"highest_probability": ["ct0000", "ct0004"], "lowest_probability": ["ct0002"],
+                 "referred": ["ct0001", "ct0003"]}
+    affine = np.diag([2.0, 2.0, 3.0, 1.0])
+    fig = case_figure((np.full((30, 30, 20), -800.0, np.float32), affine),
+                      {"pseudonym": "ct0000", "probability": 0.4, "calibrator": "none", "candidates": [],
+                       "uncertainty": {"interval": None}, "referral": {"refer": None, "threshold": None}})
+    fig.canvas.draw()
+    assert tuple(int(v) for v in fig.canvas.get_width_height()) == PNG_SIZE
