@@ -45,6 +45,8 @@ CANDIDATE_COLOURS = ("#e6194b", "#f58231", "#42d4f4")
 _VIEWS = ("axial", "coronal", "sagittal")
 _INTERP = "bilinear"
 _STROKE = [patheffects.withStroke(linewidth=2.5, foreground="black")]  # labels readable on any grey
+_STROKE_THIN = [patheffects.withStroke(linewidth=1.5, foreground="white")]
+_LABEL_SIDES = ((1, -1), (1, 1), (-1, -1))  # (right, above), (right, below), (left, above) of the ring
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -176,8 +178,9 @@ def _overview_panel(ax, arr, affine, spacing, candidates) -> None:
         rad = max(float(c.get("radius_mm", 3.0)) * 1.5, 6.0)
         w, h = 2 * rad / spacing[0], 2 * rad / spacing[2]  # columns run along x, rows along z
         ax.add_patch(Ellipse((cc, r), w, h, fill=False, ec=colour, lw=2.2 if same else 1.4, ls="-" if same else "--"))
-        ax.text(cc + w / 2 + 2, r - h / 2, str(k + 1), color=colour, fontsize=13, fontweight="bold",
-                va="bottom", ha="left")
+        sx, sy = _LABEL_SIDES[k % len(_LABEL_SIDES)]  # each rank on its own side: close candidates stay legible
+        ax.text(cc + sx * (w / 2 + 2), r + sy * (h / 2 + 1), str(k + 1), color=colour, fontsize=13, fontweight="bold",
+                va="bottom" if sy < 0 else "top", ha="left" if sx > 0 else "right", path_effects=_STROKE_THIN)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title("lung overview: coronal slice through #1 (dashed: other slices)", fontsize=9.5)
