@@ -18,8 +18,14 @@ probabilities* (pool, then calibrate: ``softmax(log p̄ / T)``), in linked runs 
 ``lungcal.stage2 = ensemble+<name>``.
 
 Members must share the network and the bags (they do, being one config with another seed); the
-run checks it and raises ``ConfigError`` otherwise. An interrupted ensemble run is rerun whole:
-the interrupted member continues its own training (stage-1 resume) and the finished ones train again.
+run checks it and raises ``ConfigError`` otherwise.
+
+Resume (``resume``, default on): the parent run id and each finished member's run id are recorded in
+``<output_dir>/resume/ensemble-<identity>/run.json`` (identity: the config without run name and
+paths). Rerunning the same bundle and settings after an interruption reopens the same parent run,
+does not train the finished members again (their predictions are recomputed from their
+checkpoints: deterministic, and MC dropout is seeded), and the interrupted member continues from
+its last complete epoch (stage-1 resume). ``resume: false`` starts afresh.
 
 References:
     Lakshminarayanan, Pritzel, Blundell. "Simple and Scalable Predictive Uncertainty Estimation
@@ -36,15 +42,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from mlflow.tracking import MlflowClient
 from monai.bundle import ConfigParser
 
+from lungcal.engine.checkpoint import bag_params_of, load_stage1
 from lungcal.engine.cohort import resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split
 from lungcal.engine.posthoc import run_post_hoc
-from lungcal.engine.predict import ensemble_uncertainty
+from lungcal.engine.predict import ensemble_uncertainty, predict_uncertainty
 from lungcal.engine.summary import summary_lines
 from lungcal.errors import ConfigError
+from lungcal.paths import atomic_write_text
+from lungcal.runtime import resolve_device
 from lungcal.runtime.bundle_config import active_config, hyperparameters
+from lungcal.runtime.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
@@ -90,12 +101,14 @@ class EnsembleRun:
         n_bins, n_bootstrap: the test report.
         member: the bundle id of the member run step (default ``member``).
         config: the bundle config (default: the running bundle's).
+        resume: continue an interrupted ensemble run of the same config (default); ``False`` starts afresh.
     """
 
     def __init__(self, members: int = 5, method: str = "focal", seed: int = 0, post_hoc: Sequence[str] = ("ts",),
                  output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
                  run_name: str | None = None, n_bins: int = 10, n_bootstrap: int = 1000, member: str = "member",
-                 config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT) -> None:
+                 config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT,
+                 resume: bool = True) -> None:
         if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or int(members) < 2:
             raise ConfigError(f"ensemble_members must be an integer >= 2, got {members!r}", field="ensemble_members",
                               fix="set ensemble_members to the number of members, e.g. 5 (the default)")
@@ -111,7 +124,29 @@ class EnsembleRun:
             raise ConfigError(f"the bundle has no {self.member!r} section (the member's stage-1 run step)",
                               field=self.member, fix='add "member": "%bundles/ct_common.json#workflow" to the bundle')
         self.experiment = experiment
+        self.resume = as_bool(resume, "resume")
         self.result: dict[str, Any] = {}
+
+    def record_path(self):
+        """``<output_dir>/resume/ensemble-<identity>/run.json``: the parent run and the finished members."""
+        ident = run_identity({k: v for k, v in self.config.items() if k not in IDENTITY_EXCLUDE})
+        return self.output_dir / "resume" / f"ensemble-{ident}" / "run.json"
+
+    def reload_member(self, index: int, run_id: str) -> tuple[dict[str, Any], Any]:
+        """A finished member's record, its predictions recomputed from its checkpoint; and its cohort."""
+        parser = ConfigParser(self.member_config(index))
+        parser.parse(reset=True)
+        cohort = parser.get_parsed_content("cohort").load(("val", "test"))
+        device = resolve_device(parser.get_parsed_content("device"))
+        model = load_stage1(run_id, self.tracking_uri, device=device)
+        batch_size, mc = int(parser.get_parsed_content("batch_size")), int(parser.get_parsed_content("mc_samples"))
+        preds = {s: predict_uncertainty(model.network, cohort.loader(s, batch_size), device, mc_samples=mc,
+                                        seed=self.seed + index) for s in ("val", "test")}
+        test = evaluate_probs(preds["test"]["probs"], cohort.splits["test"]["labels"], n_bins=self.n_bins,
+                              n_bootstrap=0)
+        record = {"run_id": run_id, "test": test, "predictions": preds,
+                  "network_def": model.checkpoint.get("network_def"), "bag_params": bag_params_of(model.checkpoint)}
+        return record, cohort
 
     def member_config(self, index: int) -> dict[str, Any]:
         """The bundle config of member ``index``: seed ``seed + index`` and its run name (the rest as given)."""
@@ -145,23 +180,40 @@ class EnsembleRun:
         base = {TAG_STAGE1: self.method}
         members: list[dict[str, Any]] = []
         splits: dict[str, Any] = {}
+        record = self.record_path()
+        state = json.loads(record.read_text()) if self.resume and record.is_file() else {}
+        done: dict[str, str] = dict(state.get("members", {}))
         with RunTracker(self.experiment, self.run_name, tracking_uri=self.tracking_uri,
-                        tags={**base, TAG_STAGE2: "ensemble", TAG_ENSEMBLE: "parent"}) as parent:
+                        tags={**base, TAG_STAGE2: "ensemble", TAG_ENSEMBLE: "parent"},
+                        run_id=state.get("parent_run_id")) as parent:
             params = self.params()
-            parent.log_params(params)
+            if not state:
+                parent.log_params(params)
+            atomic_write_text(record, json.dumps({"parent_run_id": parent.run_id, "members": done}))
             workdir = self.output_dir / "ensembles" / parent.run_id
+            client = MlflowClient(self.tracking_uri)
             for i in range(self.members):
-                print(f"== ensemble member {i + 1}/{self.members} (seed {self.seed + i}) ==", flush=True)
-                step = self.build_member(i, parent.run_id)
-                result = step.run()
+                finished = done.get(str(i))
+                if finished and client.get_run(finished).info.status == "FINISHED":
+                    print(f"== ensemble member {i + 1}/{self.members} (seed {self.seed + i}): finished before, "
+                          f"run {finished} ==", flush=True)
+                    member, cohort = self.reload_member(i, finished)
+                else:
+                    print(f"== ensemble member {i + 1}/{self.members} (seed {self.seed + i}) ==", flush=True)
+                    step = self.build_member(i, parent.run_id)
+                    result = step.run()
+                    member, cohort = {"run_id": result["stage1_run_id"], "test": result["test"],
+                                      "predictions": result["predictions"], "network_def": result["network_def"],
+                                      "bag_params": result["bag_params"]}, step.cohort
+                    done[str(i)] = member["run_id"]
+                    atomic_write_text(record, json.dumps({"parent_run_id": parent.run_id, "members": done}))
+                    del step, result
                 if i == 0:
-                    base.update({TAG_DATASET: step.cohort.source, TAG_SITE: step.cohort.site})
+                    base.update({TAG_DATASET: cohort.source, TAG_SITE: cohort.site})
                     parent.set_tags(base)
-                    splits = {s: step.cohort.splits[s] for s in ("val", "test")}
-                members.append({"run_id": result["stage1_run_id"], "test": result["test"],
-                                "predictions": result["predictions"], "network_def": result["network_def"],
-                                "bag_params": result["bag_params"]})
-                del step, result
+                    splits = {s: cohort.splits[s] for s in ("val", "test")}
+                members.append(member)
+                del cohort
                 gc.collect()
             check_compatible(members)
             ens = {s: ensemble_uncertainty([m["predictions"][s] for m in members]) for s in ("val", "test")}
@@ -191,6 +243,7 @@ class EnsembleRun:
                             n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed,
                             tracking_uri=self.tracking_uri, workdir=workdir, title=f"{self.method} ensemble",
                             experiment=self.experiment)
+        record.unlink(missing_ok=True)
         self.result = {"parent_run_id": parent_id, "member_run_ids": [m["run_id"] for m in members],
                        "test": rep_test, "predictions": ens, "post_hoc": {r["name"]: r for r in post},
                        "members_test": [m["test"] for m in members]}

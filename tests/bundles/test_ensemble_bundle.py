@@ -10,6 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lungcal.calibration import auroc
+from lungcal.engine.ensemble import EnsembleRun
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
@@ -53,8 +54,7 @@ def test_ensemble_bundle_nests_members_and_evaluates_their_average(tiny_cohort, 
     out = capsys.readouterr().out
     assert "deep ensemble of 2" in out and "ensemble+TS" in out
     client = MlflowClient(default_tracking_uri(store))
-    exp = client.get_experiment_by_name("nlst")
-    runs = client.search_runs([exp.experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("nlst").experiment_id])
     assert all(r.info.status == "FINISHED" for r in runs)
     parent = [r for r in runs if r.data.tags.get(TAG_ENSEMBLE) == "parent"]
     members = sorted((r for r in runs if r.data.tags.get(TAG_ENSEMBLE) == "member"), key=lambda r: r.info.run_name)
@@ -102,3 +102,42 @@ def test_ensemble_of_one_is_a_config_error(tiny_cohort, store, monkeypatch):
     with pytest.raises(Exception) as info:
         run_bundle("nlst_ensemble", monkeypatch, **tiny(tiny_cohort, store, ensemble_members=1))
     assert isinstance(find_lungcal_error(info.value), ConfigError)
+
+
+@pytest.mark.slow
+def test_an_interrupted_ensemble_reopens_its_parent_and_keeps_its_finished_members(tiny_cohort, tmp_path,
+                                                                                    monkeypatch, capsys):
+    build = EnsembleRun.build_member
+
+    def crash_at_member_1(self, index, parent_run_id):
+        if index == 1:
+            raise RuntimeError("simulated crash")
+        return build(self, index, parent_run_id)
+
+    monkeypatch.setattr(EnsembleRun, "build_member", crash_at_member_1)
+    with pytest.raises(Exception) as info:
+        run_bundle("nlst_ensemble", monkeypatch, **tiny(tiny_cohort, tmp_path, ensemble_members=2, run_name="ens"))
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(str(err))
+        err = err.__cause__ or err.__context__
+    assert any("simulated crash" in c for c in chain)
+    client = MlflowClient(default_tracking_uri(tmp_path))
+    exp = client.get_experiment_by_name("nlst")
+    first = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get(TAG_ENSEMBLE) == "parent"]
+    assert [r.info.status for r in first] == ["FAILED"]
+    monkeypatch.setattr(EnsembleRun, "build_member", build)
+    capsys.readouterr()
+    run_bundle("nlst_ensemble", monkeypatch, **tiny(tiny_cohort, tmp_path, ensemble_members=2, run_name="ens"))
+    assert "finished before" in capsys.readouterr().out
+    runs = client.search_runs([exp.experiment_id])
+    assert all(r.info.status == "FINISHED" for r in runs)
+    parent = [r for r in runs if r.data.tags.get(TAG_ENSEMBLE) == "parent"]
+    members = [r for r in runs if r.data.tags.get(TAG_ENSEMBLE) == "member"]
+    assert [r.info.run_id for r in parent] == [first[0].info.run_id]  # the same parent run, reopened
+    assert sorted(m.info.run_name for m in members) == ["ens-m0", "ens-m1"]  # member 0 trained once
+    rows = [_csv(client, m.info.run_id) for m in members]
+    ens = _csv(client, parent[0].info.run_id)
+    for subject, r in ens.items():
+        assert float(r["probability"]) == pytest.approx(np.mean([float(x[subject]["probability"]) for x in rows]),
+                                                        abs=2e-6)
