@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from monai.bundle import run
 from PIL import Image
 
+from lungcal.calibration.scaling import PlattScaler
 from lungcal.cli import main
 from lungcal.engine.inference import InferenceRun
 from lungcal.engine.pictures import _patch, _plane, case_figure, gallery_selection
@@ -31,12 +32,14 @@ from lungcal.engine.predict import predict
 from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
 from lungcal.engine.site_calibrator import calibrated_probs, reference_calibrator
 from lungcal.errors import ConfigError
+from lungcal.paths import atomic_write_text
 from lungcal.tracking import (
     MLFLOW_PARENT,
     TAG_INFERENCE,
     TAG_MODEL,
     TAG_PARENT,
     TAG_STAGE2,
+    RunTracker,
     default_tracking_uri,
     linked_calibrator_run,
 )
@@ -245,6 +248,24 @@ def test_member_samples_fill_the_uncertainty_fields(model, tmp_path):
     assert [lo, hi] == pytest.approx([np.quantile(members, 0.1), np.quantile(members, 0.9)])
     assert unc["probability_sd"] == pytest.approx(members.std())
     assert json.loads((tmp_path / "mc" / "cases" / "ct0000.json").read_text())["uncertainty"] == unc
+
+
+def test_site_applies_the_site_calibrator_and_its_referral_threshold(model, tmp_path, capsys):
+    """``--site NAME``: the calibrator ``lungcal recalibrate`` stored there, and the threshold its run stored."""
+    platt = PlattScaler().load_state_dict({"name": "platt", "slope": 0.6, "intercept": -0.8, "n_classes": 2})
+    tags = {"lungcal.stage1": "ce", "lungcal.stage2": "platt", "lungcal.calibrator": "platt",
+            "lungcal.site": "site-x", "lungcal.recalibration": "local"}
+    with RunTracker("nlst", "ce+platt@site-x", tracking_uri=model["uri"], tags=tags,
+                    parent_run_id=model["run"].info.run_id) as tr:
+        tr.log_artifact(atomic_write_text(tmp_path / "platt.json", platt.to_json()), "calibrator")
+        tr.log_metrics({REFERRAL_METRIC: 0.8})
+    assert _predict(model, model["dicoms"][6], tmp_path / "site", "--site", "site-x", "--no-pictures") == 0
+    capsys.readouterr()
+    case = json.loads((tmp_path / "site" / "cases" / "ct0000.json").read_text())
+    assert case["calibrator"] == "platt" and case["referral"]["threshold"] == pytest.approx(0.8)
+    assert case["referral"]["refer"] == (case["confidence"] < 0.8)
+    r = _runs(model, **{TAG_INFERENCE: "predict", "lungcal.site": "site-x"})[0]
+    assert r.data.params["calibrator"] == "platt" and r.info.status == "FINISHED"
 
 
 # ----------------------------------------------------------------------------- no model needed
