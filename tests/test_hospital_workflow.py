@@ -79,7 +79,7 @@ KEYS = ("ece", "ece_ci_low", "ece_ci_high", "ece_pvalue", "cal_slope", "cal_slop
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(7200)  # 40 min on 2 idle cores; hours when the machine is shared
 def test_two_site_recalibration(tmp_path, capsys):
     out = tmp_path / "runs"
     uri = f"sqlite:///{out / 'mlflow.db'}"
@@ -91,7 +91,7 @@ def test_two_site_recalibration(tmp_path, capsys):
            "--datalist", str(a), "--epochs", "40", "--output_dir", str(out), "--tracking_uri", uri,
            "--n_bootstrap", "500", "--num_workers", "2", "--run_name", "site-a-ce"]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=5400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("nlst")
