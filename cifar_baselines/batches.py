@@ -13,6 +13,7 @@ ever handed to a CPU-side sampler (PyTorch refuses that).
 from __future__ import annotations
 
 import torch
+from torch.utils.data import Sampler
 
 from cifar_baselines.data import CIFAR_MEAN, CIFAR_STD
 
@@ -71,23 +72,30 @@ class BatchIterator:
             class-balanced probabilities, with replacement: the LAS stage) or ``"sequential"``.
         seed: seeds the CPU generator of the order.
         drop_last: drop the last incomplete batch.
+        index_sampler: a ``torch.utils.data.Sampler`` over ``range(N)`` whose indices replace
+            ``sampler``'s order: the ``DistributedSampler`` of ``bundles/multi_gpu.json``, so each
+            ``torchrun`` rank iterates its own shard (``None``, the default: ``sampler`` decides).
+            A sampler with ``set_epoch`` is given the trainer's epoch by the step or the bundle.
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *, sampler: str = "shuffle",
-                 seed: int = 0, drop_last: bool = False) -> None:
+                 seed: int = 0, drop_last: bool = False, index_sampler: Sampler | None = None) -> None:
         if sampler not in SAMPLERS:
             raise ValueError(f"unknown sampler {sampler!r}, use one of {SAMPLERS}")
         self.x, self.y, self.batch_size = x, y, int(batch_size)
         self.sampler, self.drop_last = sampler, drop_last
+        self.index_sampler = index_sampler
         self.generator = torch.Generator().manual_seed(int(seed))  # CPU, whatever x.device is
         self._class_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        n = len(self.x)
+        n = len(self.x) if self.index_sampler is None else len(self.index_sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def order(self) -> torch.Tensor:
-        """The next epoch's indices, drawn on the CPU (advances the generator)."""
+        """The next epoch's indices, drawn on the CPU (advances the generator, or asks ``index_sampler``)."""
+        if self.index_sampler is not None:
+            return torch.as_tensor(list(self.index_sampler), dtype=torch.long)
         n = len(self.x)
         if self.sampler == "sequential":
             return torch.arange(n)

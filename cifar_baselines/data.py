@@ -33,6 +33,7 @@ from monai.apps import download_and_extract
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
 from lungcal.runtime import resolve_device
+from lungcal.runtime.distributed import rank_zero_first
 
 __all__ = [
     "CIFAR10_CLASSES", "CIFAR10_URL", "CIFAR10_MD5", "CIFAR_MEAN", "CIFAR_STD", "SHARED_MAKE_BATCHES",
@@ -300,7 +301,8 @@ def load_splits(dataset: str, *, data_dir: str | Path | None = None, output_dir:
         raise ConfigError(f"unknown dataset {dataset!r}", field="dataset", fix=f"use one of {', '.join(DATASETS)}")
     if subset is not None and int(subset) < 10:
         raise ConfigError(f"subset={subset} is too small", field="subset", fix="use >= 10 or null")
-    folder = prepare_data_dir(data_dir or default_data_dir(output_dir), download=download)
+    with rank_zero_first():  # under torchrun rank 0 fills an empty folder while the other ranks wait
+        folder = prepare_data_dir(data_dir or default_data_dir(output_dir), download=download)
     splits = make_splits(folder, dataset, imb_factor=imb_factor, val_per_class=int(val_per_class), seed=int(seed),
                          subset=None if subset is None else int(subset))
     return splits.to(resolve_device(device))

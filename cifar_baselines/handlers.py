@@ -4,6 +4,9 @@ Both read the experiment object (:class:`cifar_baselines.workflow.Stage1Run`) th
 ``tracker`` (the open :class:`lungcal.tracking.RunTracker`, set when ``run`` starts), ``settings``
 and ``checkpoint_path()``. MONAI attaches handlers in list order, so put :class:`MLflowEpochLogger`
 after the ``ValidationHandler``: it then logs that epoch's validation metrics too.
+
+Under ``torchrun`` (``bundles/multi_gpu.json``) both act on rank 0 only (the metrics they read are
+already the whole epoch's, gathered by ignite), and the checkpoint holds the bare network's weights.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import torch
 from ignite.engine import Engine, Events
 
 from lungcal.paths import atomic_write
+from lungcal.runtime.distributed import is_rank_zero, unwrap
 
 __all__ = ["MLflowEpochLogger", "CheckpointWriter"]
 
@@ -31,6 +35,8 @@ class MLflowEpochLogger:
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
 
     def __call__(self, engine: Engine) -> None:
+        if not is_rank_zero():  # the run is rank 0's
+            return
         metrics = dict(engine.state.metrics)
         metrics["lr"] = engine.optimizer.param_groups[0]["lr"]
         if self.evaluator is not None and self.evaluator.state.epoch == engine.state.epoch:
@@ -52,7 +58,9 @@ class CheckpointWriter:
         engine.add_event_handler(Events.COMPLETED, self)
 
     def __call__(self, engine: Engine) -> None:
-        state = {k: v.detach().cpu().contiguous() for k, v in self.network.state_dict().items()}
+        if not is_rank_zero():
+            return
+        state = {k: v.detach().cpu().contiguous() for k, v in unwrap(self.network).state_dict().items()}
         blob = {"state_dict": state, "settings": dict(self.experiment.settings),
                 "run_id": self.experiment.tracker.run_id}
         with atomic_write(self.experiment.checkpoint_path()) as fh:

@@ -11,6 +11,11 @@ them in order inside a tracked run:
 - :class:`LASRun`: MiSLAS stage 2 on a stage-1 model (:func:`load_stage1`): the head retrained with
   label-aware smoothing while BatchNorm statistics shift (the trainer), or on cached features.
 
+Data-parallel (``torchrun`` with ``bundles/multi_gpu.json``): :class:`Stage1Run` trains on every
+rank (each its shard of the batches; the validation split is sharded too and its metrics gathered),
+and rank 0 alone opens the one MLflow run (``world_size`` among its params), writes the checkpoint
+and the resume state, evaluates and fits TS; :class:`LASRun` runs in one process only.
+
 Both resume by default (:mod:`lungcal.runtime.resume`): rerunning the same bundle with the same
 settings after an interruption continues from the last complete epoch (model, optimizer, LR
 schedule, trainer counters, the global RNGs and the batch-order / augmentation / mixup
@@ -41,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from ignite.engine import Events
 from mlflow.tracking import MlflowClient
 
 from cifar_baselines.data import CifarSplits, load_splits
@@ -52,6 +58,7 @@ from lungcal.calibration.selective import selective_report
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.paths import default_output_dir
 from lungcal.runtime.bundle_config import active_config
+from lungcal.runtime.distributed import is_rank_zero, plain_state_dict, unwrap, world_size
 from lungcal.runtime.resume import (
     IDENTITY_EXCLUDE,
     RandomState,
@@ -71,7 +78,8 @@ from lungcal.tracking import (
     default_tracking_uri,
 )
 
-__all__ = ["SITE", "SPLIT_KEYS", "log_split", "load_stage1", "trainable_head", "Stage1Model", "Stage1Run", "LASRun"]
+__all__ = ["SITE", "SPLIT_KEYS", "follow_epochs", "log_split", "load_stage1", "trainable_head", "Stage1Model",
+           "Stage1Run", "LASRun"]
 
 SITE = "cifar"  # value of the lungcal.site tag for CIFAR runs (no hospital site involved)
 #: the stage-1 settings a LAS run reuses so that its splits are the stage-1 splits
@@ -126,8 +134,8 @@ class Stage1Model:
         return str(self.settings.get("method", "unknown"))
 
     def load_into(self, network: torch.nn.Module) -> torch.nn.Module:
-        """Load the weights into ``network`` (same architecture) and return it."""
-        network.load_state_dict(self.state_dict)
+        """Load the weights into ``network`` (same architecture) and return it (a ``module.`` prefix is dropped)."""
+        network.load_state_dict(plain_state_dict(self.state_dict))
         return network
 
     def load_splits(self, **kwargs: Any) -> CifarSplits:
@@ -175,6 +183,17 @@ def _tags(dataset: str, stage1: str, stage2: str) -> dict[str, str]:
     return {TAG_DATASET: dataset, TAG_STAGE1: stage1, TAG_STAGE2: stage2, TAG_SITE: SITE}
 
 
+def follow_epochs(trainer) -> None:
+    """Give a ``DistributedSampler`` of the trainer's batches the epoch when each starts (a new shuffle).
+
+    MONAI engines do this for a ``DataLoader``'s sampler; :class:`~cifar_baselines.batches.BatchIterator`
+    is not one. The epoch comes from the trainer's state, so a resumed run shuffles as an uninterrupted one.
+    """
+    sampler = getattr(trainer.data_loader, "index_sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        trainer.add_event_handler(Events.EPOCH_STARTED, lambda engine: sampler.set_epoch(engine.state.epoch))
+
+
 class _TrackedRun:
     """What both runs share: the store, the open tracker, float32 val/test reports of the network."""
 
@@ -186,6 +205,8 @@ class _TrackedRun:
                  output_dir: str | None = None, tracking_uri: str | None = None, n_bins: int = 15,
                  n_bootstrap: int = 1000, channels_last: bool = True, lr_scheduler=None, resume: bool = True) -> None:
         self.settings, self.data, self.network = dict(settings), data, network
+        self.module = unwrap(network)  # the bare network (a DDP wrapper's module): saved, logged, evaluated
+        self.world_size = world_size()
         self.output_dir, self.tracking_uri = _store(output_dir, tracking_uri)
         self.n_bins, self.n_bootstrap, self.channels_last = int(n_bins), int(n_bootstrap), channels_last
         self.lr_scheduler, self.resume = lr_scheduler, as_bool(resume, "resume")
@@ -200,7 +221,7 @@ class _TrackedRun:
     def training_state(self, trainer) -> TrainingResume:
         """The resume state: network, optimizer, LR schedule, trainer, the step (grad scaler), every RNG."""
         step = trainer._process_function
-        objects = {"model": self.network, "optimizer": trainer.optimizer, "lr_scheduler": self.lr_scheduler,
+        objects = {"model": self.module, "optimizer": trainer.optimizer, "lr_scheduler": self.lr_scheduler,
                    "trainer": trainer, "step": step if hasattr(step, "state_dict") else None,
                    "rng": RandomState(generators_of(trainer.data_loader, step))}
         return TrainingResume(self.output_dir / "resume" / self.identity(), objects, enabled=self.resume)
@@ -213,13 +234,22 @@ class _TrackedRun:
         if self.resumed_from:
             tr.set_tags({TAG_RESUMED_FROM: str(self.resumed_from)})
         state.attach(trainer, tr.run_id)
+        follow_epochs(trainer)
         if self.resumed_from < trainer.state.max_epochs:
             trainer.run()
 
+    def _train_replica(self, trainer, state: TrainingResume) -> dict:
+        """A rank above 0 under torchrun: restore rank 0's state, train its shards, leave the rest to rank 0."""
+        self.resumed_from = state.load()
+        follow_epochs(trainer)
+        if self.resumed_from < trainer.state.max_epochs:
+            trainer.run()
+        return {"resumed_from_epoch": self.resumed_from}
+
     def _evaluate(self, title: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Float32 logits of val and test, logged as reports; returns ``(val_logits, test_logits, test_report)``."""
-        val = predict(self.network, self.data.val_x, channels_last=self.channels_last)
-        test = predict(self.network, self.data.test_x, channels_last=self.channels_last)
+        val = predict(self.module, self.data.val_x, channels_last=self.channels_last)
+        test = predict(self.module, self.data.test_x, channels_last=self.channels_last)
         log_split(self.tracker, "val", val, self.data.val_y, n_bins=self.n_bins, n_bootstrap=0, title=title)
         report = log_split(self.tracker, "test", test, self.data.test_y, n_bins=self.n_bins,
                            n_bootstrap=self.n_bootstrap, title=title)
@@ -253,21 +283,27 @@ class Stage1Run(_TrackedRun):
     def run(self, trainer) -> dict:
         d = self.data
         t0 = time.time()
+        if len(d.val_y) < self.world_size:
+            raise ConfigError(f"{len(d.val_y)} validation images for {self.world_size} processes",
+                              field="nproc_per_node", fix="use fewer processes or a larger val_per_class")
         state = self.training_state(trainer)
         previous = state.run_id(self.tracking_uri)
+        if not is_rank_zero():  # torchrun: the other ranks train their shards; rank 0 does everything else
+            return self._train_replica(trainer, state)
         with RunTracker(self.dataset, self.name, tracking_uri=self.tracking_uri,
                         tags=_tags(self.dataset, self.method, "none"), run_id=previous) as tr:
             self.tracker = tr
             if not previous:
                 tr.log_params({**self.settings, "train_precision": training_precision(d.train_x.device, self.amp),
                                "class_counts": d.class_counts, "n_train": len(d.train_y), "n_val": len(d.val_y),
-                               "n_test": len(d.test_y), "split_fingerprint": d.fingerprint})
+                               "n_test": len(d.test_y), "split_fingerprint": d.fingerprint,
+                               "world_size": self.world_size})
                 tr.log_dict(self.settings, "config/resolved.json")
             self._train(trainer, state, previous)
             wall = time.time() - t0
             val_logits, test_logits, test = self._evaluate(f"{self.dataset} {self.method}")
             tr.log_metrics({"train_wall_s": wall})
-            tr.log_model(self.network, "model", extra=_MODEL_CONFIG)
+            tr.log_model(self.module, "model", extra=_MODEL_CONFIG)
             run_id, ckpt = tr.run_id, self.checkpoint_path()
         ts_run_id, temperature, test_ts = self._posthoc(run_id, val_logits, test_logits)
         state.clear()
@@ -309,6 +345,9 @@ class LASRun(_TrackedRun):
 
     def __init__(self, *, stage1: Stage1Model, shift_bn: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if self.world_size > 1:
+            raise ConfigError("LAS (stage 2) runs in one process", field="config_file",
+                              fix="run the LAS bundle without multi_gpu.json and torchrun")
         self.stage1, self.shift_bn = stage1, shift_bn
         self.dataset = str(stage1.settings.get("dataset", "cifar10"))
 
@@ -338,7 +377,7 @@ class LASRun(_TrackedRun):
             else:
                 self._retrain_on_features()
             _, _, test = self._evaluate(f"{self.dataset} {method} + LAS")
-            tr.log_model(self.network, "model", extra=_MODEL_CONFIG)
+            tr.log_model(self.module, "model", extra=_MODEL_CONFIG)
             run_id = tr.run_id
         if state is not None:
             state.clear()

@@ -15,7 +15,13 @@ picked by ``key`` (default ``"ece"``), a plain float, so it can serve as a MONAI
     # or as an extra: additional_metrics={"calib": CalibrationMetrics(n_bins=10)}
 
 After an epoch ``engine.state.metrics`` then holds ``val_auc`` plus ``ece``, ``acc``, ``auc``,
-``nll`` (with ``prefix`` prepended, e.g. ``prefix="val_"`` gives ``val_ece``...).
+``nll`` and ``n`` (the number of cases scored), with ``prefix`` prepended, e.g. ``prefix="val_"``
+gives ``val_ece``...
+
+Data-parallel (several processes, each scoring its own shard of the cases): ``compute`` gathers
+every rank's logits and labels first, shards of any length, so the values are the whole split's
+on every rank. Each case must sit in exactly one shard (MONAI's ``DistributedSampler`` with
+``even_divisible=False``; torch's pads shards with repeated cases, which would be counted twice).
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from ignite.metrics.metric import reinit__is_reduced
 
 from . import metrics as M
 
-__all__ = ["CalibrationMetrics", "calibration_output_transform"]
+__all__ = ["CalibrationMetrics", "calibration_output_transform", "gather_shards"]
 
 _KEYS = ("ece", "acc", "auc", "nll")
 
@@ -56,6 +62,21 @@ def calibration_output_transform(output) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(output, Sequence) and len(output) == 2:
         return output[0], output[1]
     raise TypeError(f"cannot read (y_pred, y) from engine output of type {type(output).__name__}")
+
+
+def gather_shards(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0 in rank order; shards may differ in length.
+
+    ``ignite.distributed.all_gather`` needs equal shapes: each shard is padded to the longest one
+    and the padding cut off again. A single process gets ``tensor`` back.
+    """
+    if idist.get_world_size() < 2:
+        return tensor
+    sizes = [int(n) for n in idist.all_gather(torch.tensor([tensor.shape[0]], device=tensor.device)).tolist()]
+    longest = max(sizes)
+    pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+    every = idist.all_gather(torch.cat([tensor, pad]))
+    return torch.cat([every[i * longest:i * longest + n] for i, n in enumerate(sizes)])
 
 
 class CalibrationMetrics(Metric):
@@ -120,12 +141,7 @@ class CalibrationMetrics(Metric):
     def compute(self) -> dict[str, float]:
         if not self._preds:
             raise RuntimeError("CalibrationMetrics needs at least one update before compute()")
-        z = torch.cat(self._preds)
-        y = torch.cat(self._labels)
-
-        if idist.get_world_size() > 1:
-            z, y = idist.all_gather(z), idist.all_gather(y)
-        z, y = z.cpu(), y.cpu()
+        z, y = gather_shards(torch.cat(self._preds)).cpu(), gather_shards(torch.cat(self._labels)).cpu()
         if self.inputs == "logits":
             probs = torch.softmax(z, 1)
             nll = float(F.cross_entropy(z, y))
@@ -137,6 +153,7 @@ class CalibrationMetrics(Metric):
             "acc": M.accuracy(probs, y),
             "auc": M.auroc(probs, y),
             "nll": nll,
+            "n": int(y.shape[0]),
         }
         return {self.prefix + k: v for k, v in out.items()}
 

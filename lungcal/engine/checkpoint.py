@@ -9,6 +9,10 @@ is ``{"state_dict", "epoch", "metric", "network_def", "bag_params", "method"}``:
 - ``bag_params``: JSON of the bag parameters (spacing, HU window, K, P), so LAS, inference and
   ``lungcal recalibrate`` build the same bags.
 
+The weights are the bare network's: a checkpoint written from a ``DistributedDataParallel``
+wrapper (``torchrun``) by an older version carries a ``module.`` prefix on every key, which
+:func:`load_checkpoint` drops, so stage 2 and inference load either in one process.
+
 Checkpoints written before the config bundles hold ``model_config`` (keyword arguments of
 :func:`lungcal.mil.build_mil_model`) instead of ``network_def``; they still load.
 """
@@ -28,6 +32,7 @@ from lungcal.errors import ConfigError
 from lungcal.mil import build_mil_model
 from lungcal.runtime import resolve_device
 from lungcal.runtime.bundle_config import build_section
+from lungcal.runtime.distributed import plain_state_dict
 from lungcal.tracking import TAG_STAGE2, artifact_checkpoint, find_stage1_run
 
 __all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of",
@@ -37,7 +42,7 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth")
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a stage-1 checkpoint (weights only, no pickled code).
+    """Load a stage-1 checkpoint (weights only, no pickled code), its weights' keys without ``module.``.
 
     Raises:
         ConfigError: missing file, or not a lungcal stage-1 checkpoint.
@@ -50,6 +55,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(ck, dict) or "state_dict" not in ck or not ({"network_def", "model_config"} & set(ck)):
         raise ConfigError("not a lungcal stage-1 checkpoint (no state_dict and network_def/model_config)", file=path,
                           field="checkpoint", fix="use a checkpoint written by bundles/nlst_*.json")
+    ck["state_dict"] = plain_state_dict(ck["state_dict"])  # no ``module.`` prefix (a DDP-wrapped network's)
     return ck
 
 

@@ -2,6 +2,10 @@
 
 Both are built by the bundle before the MLflow run exists; the stage-1 run step binds them to its
 run (:meth:`EpochMetricsLogger.bind`, :meth:`AtomicCheckpoint.bind`) just before training.
+
+Under ``torchrun`` (``bundles/multi_gpu.json``) both run on every rank, where the validation
+metrics are the whole split's (gathered); only rank 0 writes files and logs, ``train/loss`` is the
+mean over the ranks, and checkpoints hold the bare network's weights (no ``module.`` prefix).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from ignite.engine import Events
 from torch import nn
 
 from lungcal.paths import atomic_write
+from lungcal.runtime.distributed import is_rank_zero, mean_over_ranks, unwrap
 from lungcal.runtime.resume import OutputError
 
 __all__ = ["atomic_torch_save", "EpochMetricsLogger", "AtomicCheckpoint"]
@@ -81,15 +86,16 @@ class EpochMetricsLogger:
 
     def _train(self, engine) -> None:
         lr = engine.optimizer.param_groups[0]["lr"]
-        self._emit({"train/loss": self._epoch_loss(), "train/lr": lr}, engine.state.epoch)
+        self._emit({"train/loss": mean_over_ranks(self._epoch_loss()), "train/lr": lr}, engine.state.epoch)
 
     def _val(self, engine, trainer) -> None:
         m = {f"val/{k[4:] if k.startswith('val_') else k}": v for k, v in engine.state.metrics.items()
              if isinstance(v, (int, float))}
         self._emit(m, trainer.state.epoch)
-        if trainer.state.epoch:  # one progress line per epoch (the run's only console output while training)
+        loss = mean_over_ranks(self._epoch_loss())
+        if trainer.state.epoch and is_rank_zero():  # one progress line per epoch (the only output while training)
             logger.info("epoch %d/%d  train loss %.4f  val AUC %.3f  ECE %.3f", trainer.state.epoch,
-                        trainer.state.max_epochs, self._epoch_loss(),
+                        trainer.state.max_epochs, loss,
                         m.get("val/auc", float("nan")), m.get("val/ece", float("nan")))
 
 
@@ -136,7 +142,7 @@ class AtomicCheckpoint:
         return self.dir
 
     def _payload(self, epoch: int, metric: float) -> dict:
-        sd = {k: v.detach().cpu().clone() for k, v in self.network.state_dict().items()}
+        sd = {k: v.detach().cpu().clone() for k, v in unwrap(self.network).state_dict().items()}
         return {"state_dict": sd, "epoch": int(epoch), "metric": float(metric), **self.extra}
 
     def state_dict(self) -> dict[str, Any]:
@@ -155,7 +161,9 @@ class AtomicCheckpoint:
         if self.best_epoch == 0 or (not math.isnan(value) and value > self.best_metric):
             self.best_metric = value if not math.isnan(value) else -math.inf
             self.best_epoch = trainer.state.epoch
-            atomic_torch_save(self._payload(trainer.state.epoch, value), self.best_path)
+            if is_rank_zero():  # every rank tracks the best epoch (the metric is the same); rank 0 writes
+                atomic_torch_save(self._payload(trainer.state.epoch, value), self.best_path)
 
     def _on_epoch(self, engine) -> None:
-        atomic_torch_save(self._payload(engine.state.epoch, self.best_metric), self.last_path)
+        if is_rank_zero():
+            atomic_torch_save(self._payload(engine.state.epoch, self.best_metric), self.last_path)

@@ -25,8 +25,10 @@ from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.predict import predict
 from lungcal.engine.stage2 import apply_head
 from lungcal.engine.summary import summary_lines
+from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device
+from lungcal.runtime.distributed import world_size
 from lungcal.runtime.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.tracking import CT_EXPERIMENT, RunTracker, default_tracking_uri
 from lungcal.tracking.names import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
@@ -59,6 +61,9 @@ class LASRun:
                  n_bootstrap: int = 1000, seed: int = 0, device: str | None = "auto", num_workers: int = 2,
                  resume: bool = True) -> None:
         self.choices = {k: v for k, v in locals().items() if k not in ("self", "resume")}
+        if world_size() > 1:
+            raise ConfigError("LAS (stage 2) runs in one process", field="config_file",
+                              fix="run bundles/nlst_las.json without multi_gpu.json and torchrun")
         self.resume = as_bool(resume, "resume")
         self.output_dir = resolve_output_dir(output_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(self.output_dir)

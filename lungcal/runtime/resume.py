@@ -16,6 +16,9 @@ finished bundle is a new run.
 
 Metric points already in the run (an epoch logged before the kill, replayed after the resume)
 are not logged twice (:class:`StepFilter`): the curve holds each step once.
+
+Under ``torchrun`` (``bundles/multi_gpu.json``) rank 0 alone holds the identity's lock, clears,
+writes and prunes the state; every rank loads the file rank 0 chose, so all continue alike.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError, LungcalError
 from lungcal.paths import atomic_write, default_output_dir
+from lungcal.runtime.distributed import barrier, broadcast_object, is_rank_zero
 
 __all__ = ["IDENTITY_EXCLUDE", "as_bool", "run_identity", "require_writable", "generators_of", "OutputError",
            "RandomState", "RunRecord", "StepFilter", "AtomicDiskSaver", "TrainingResume"]
@@ -258,9 +262,12 @@ class TrainingResume:
         self.objects = {**{k: v for k, v in objects.items() if v is not None}, "run": self.record}
         self.enabled = bool(enabled)
         self.resumed_from = 0
-        claim_identity(self.dir)
-        if not self.enabled:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        self.writer = is_rank_zero()  # under torchrun only rank 0 owns the state; the others read it
+        if self.writer:
+            claim_identity(self.dir)
+            if not self.enabled:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        barrier()
         # n_saved=None: ignite would delete the previous file *before* writing the next one (a kill
         # in between would leave no state); older states are pruned after the new one is complete
         self.handler = Checkpoint(self.objects, AtomicDiskSaver(self.dir), filename_prefix=_PREFIX, n_saved=None,
@@ -289,15 +296,17 @@ class TrainingResume:
             except Exception:  # noqa: BLE001 - unknown run (or unreadable store: the tracker reports that)
                 logger.warning("resume state %s names MLflow run %s, which %s does not hold: starting afresh",
                                path, run_id, tracking_uri)
-                shutil.rmtree(self.dir, ignore_errors=True)  # the state goes; this run keeps its identity
+                if self.writer:
+                    shutil.rmtree(self.dir, ignore_errors=True)  # the state goes; this run keeps its identity
                 return None
         return run_id
 
     def load(self) -> int:
         """Restore every object from the newest state; returns the epoch resumed from (0: none)."""
-        for stale in self.dir.glob(".*.tmp"):  # a write that a kill interrupted: never a state
-            stale.unlink(missing_ok=True)
-        path = self.path() if self.enabled else None
+        if self.writer:
+            for stale in self.dir.glob(".*.tmp"):  # a write that a kill interrupted: never a state
+                stale.unlink(missing_ok=True)
+        path = broadcast_object(self.path() if self.enabled and self.writer else None)  # rank 0's choice
         if path is None:
             return 0
         ck = torch.load(path, map_location="cpu", weights_only=True)
@@ -308,8 +317,13 @@ class TrainingResume:
         return self.resumed_from
 
     def attach(self, trainer, run_id: str) -> None:
-        """Save the state after every epoch (attach after every other handler); record ``run_id``."""
+        """Save the state after every epoch (attach after every other handler); record ``run_id``.
+
+        Under ``torchrun`` only rank 0 saves (the other ranks' models and optimizers are the same).
+        """
         self.record.run_id = run_id
+        if not self.writer:
+            return
         self.dir.mkdir(parents=True, exist_ok=True)
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self.save)
 
@@ -322,6 +336,7 @@ class TrainingResume:
                 old.unlink(missing_ok=True)
 
     def clear(self) -> None:
-        """Delete the state (the run finished) and release the run identity."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        release_identity(self.dir)
+        """Delete the state (the run finished) and release the run identity (rank 0's job)."""
+        if self.writer:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            release_identity(self.dir)
