@@ -1,0 +1,186 @@
+"""``lungcal build-bags``: fill the bag cache ahead of training, on local processes or a Dask cluster.
+
+:func:`cohort_from_params` makes the :class:`~lungcal.engine.cohort.CTCohort` a bundle would make
+(its ``preprocessing`` chain, lung masker, ``detector``, ``spacing``, ``hu_window``, ``k``,
+``patch_size``, ``qc`` and ``output_dir``, with any override files merged as
+``monai.bundle`` merges them), or one from a plain JSON of bag parameters (the
+:class:`~lungcal.candidates.cache.BagParams` fields, as a stage-1 checkpoint stores them).
+:func:`build_cohort` runs one :func:`~lungcal.candidates.cache.build_entry` task per row on a
+runner: :class:`LocalRunner` (in-process or a process pool, as training builds) or
+``lungcal.engine.dask_bags.DaskRunner`` (a ``dask.distributed`` cluster; optional extra
+``[cluster]``). The tasks, hence the cache keys and entries, are the ones training would
+compute, so a training run afterwards builds nothing. Entries already present are verified and
+kept (``cached``); a failing row does not stop the others: every failure is reported with its
+row index and pseudonym (never the path), and the command then exits 2.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from monai.bundle import ConfigParser
+from tqdm.auto import tqdm
+
+from lungcal.candidates.cache import BagParams, build_entry, row_failure
+from lungcal.engine.cohort import SPLITS, CTCohort
+from lungcal.errors import ConfigError, DataError
+from lungcal.runtime.exit_hook import find_lungcal_error
+
+__all__ = ["BuildReport", "LocalRunner", "bag_tasks", "build_cohort", "cohort_from_params"]
+
+#: one task's outcome: (task index, result or None, exception or None)
+Outcome = tuple[int, Any, "BaseException | None"]
+
+
+def cohort_from_params(params: str | os.PathLike | Sequence[str | os.PathLike], datalist: str | None,
+                       output_dir: str | None = None, num_workers: int | None = None) -> CTCohort:
+    """The cohort whose bags a bundle (or a bag-parameter JSON) would build for ``datalist``.
+
+    ``params``: a CT bundle (``bundles/nlst_focal.json``), optionally followed by override files
+    merged over it; or one JSON of :class:`BagParams` fields. A bundle's ``%`` macros resolve
+    from the working directory (the project root), as under ``monai.bundle run``.
+    """
+    files = [str(params)] if isinstance(params, (str, os.PathLike)) else [str(p) for p in params]
+    for f in files:
+        if not Path(f).is_file():
+            raise ConfigError("parameter file not found", file=f, field="--params",
+                              fix="pass a CT bundle (bundles/nlst_focal.json) or a JSON of bag parameters")
+    try:
+        parser = ConfigParser()
+        parser.read_config(files)
+        is_bundle = "cohort" in parser.get()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read the parameter file(s) ({e})", field="--params",
+                          fix="pass valid JSON: a CT bundle or a JSON of bag parameters") from e
+    if not is_bundle:
+        if len(files) > 1:
+            raise ConfigError("several --params files but none is a CT bundle (no 'cohort' section)",
+                              field="--params", fix="pass one bag-parameter JSON, or a CT bundle and its overrides")
+        bag_params = json.loads(Path(files[0]).read_text())
+        BagParams.from_any(bag_params).resolved()  # unknown or bad keys: ConfigError naming them
+        kw = {} if num_workers is None else {"num_workers": int(num_workers)}
+        return CTCohort.with_bag_params(datalist, bag_params, output_dir=output_dir, **kw)
+    parser["datalist"] = datalist
+    if output_dir is not None:
+        parser["output_dir"] = str(output_dir)
+    if num_workers is not None:
+        parser["num_workers"] = int(num_workers)
+    try:
+        cohort = parser.get_parsed_content("cohort")
+    except Exception as e:  # MONAI wraps what the objects raise
+        found = find_lungcal_error(e)
+        if found is not None:
+            raise found from e
+        raise ConfigError(f"the bundle's cohort could not be made ({type(e).__name__}: {str(e).splitlines()[0]})",
+                          field="--params", fix="run from the project root (a bundle's % macros resolve from the "
+                                                "working directory) with a CT bundle such as bundles/nlst_focal.json"
+                          ) from e
+    if not isinstance(cohort, CTCohort):
+        raise ConfigError(f"the bundle's cohort is a {type(cohort).__name__}, not a CTCohort", field="cohort",
+                          fix="use a CT bundle (bundles/nlst_*.json)")
+    return cohort
+
+
+def _init_worker() -> None:  # one BLAS/torch thread per worker process, as the training builder
+    torch.set_num_threads(1)
+
+
+class LocalRunner:
+    """Tasks on this machine: in-process (``num_workers = 0``) or a pool of worker processes."""
+
+    def __init__(self, num_workers: int = 0) -> None:
+        self.num_workers = int(num_workers)
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def describe(self) -> str:
+        return "in-process" if self.num_workers <= 0 else f"{self.num_workers} local processes"
+
+    def run(self, fn: Callable, tasks: Sequence[tuple]) -> Iterator[Outcome]:
+        if self.num_workers <= 0 or len(tasks) <= 1:
+            for i, args in enumerate(tasks):
+                try:
+                    yield i, fn(*args), None
+                except Exception as e:
+                    yield i, None, e
+            return
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
+        with cf.ProcessPoolExecutor(max_workers=self.num_workers, mp_context=ctx, initializer=_init_worker) as ex:
+            futs = {ex.submit(fn, *args): i for i, args in enumerate(tasks)}
+            try:
+                for fut in cf.as_completed(futs):
+                    exc = fut.exception()
+                    yield futs[fut], None if exc else fut.result(), exc
+            finally:
+                for f in futs:
+                    f.cancel()
+
+
+@dataclass
+class BuildReport:
+    """What :func:`build_cohort` did: counts and one :class:`DataError` per failed row."""
+
+    total: int = 0
+    built: int = 0
+    cached: int = 0
+    failures: list[DataError] = field(default_factory=list)
+    where: str = ""
+
+    def summary(self) -> str:
+        line = (f"bags: {self.total} CT(s): {self.built} built, {self.cached} already cached, "
+                f"{len(self.failures)} failed ({self.where})")
+        return "\n".join([line] + [f"  failed: {e}" for e in self.failures])
+
+    def raise_for_failures(self) -> None:
+        """A :class:`DataError` naming how many rows failed and the first (row, pseudonym, reason)."""
+        if self.failures:
+            first = self.failures[0]
+            raise DataError(f"{len(self.failures)} of {self.total} CT(s) failed; the first: {first.message}",
+                            row=first.row, field="image",
+                            fix="check those rows' images (the others are cached; a rerun builds only the failed)")
+
+
+def bag_tasks(cohort: CTCohort, rows: Sequence[dict]) -> list[tuple]:
+    """The :func:`build_entry` arguments of each row: exactly what ``cohort.load()`` would build."""
+    params = BagParams.from_any(cohort.bag_params)
+    params.resolved()  # validate before anything is sent anywhere
+    root = str(cohort.cache_dir)
+    for i, r in enumerate(rows):
+        if "image" not in r:
+            raise DataError("datalist row has no image", row=i, field="image", fix="add the image path")
+    return [(str(r["image"]), params, root, "content", cohort.preprocess) for r in rows]
+
+
+def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Any = None,
+                 progress: bool = True) -> BuildReport:
+    """Build (or verify) the cache entry of every row of ``splits`` on ``runner`` (default: the
+    cohort's ``num_workers`` local processes); returns a :class:`BuildReport` (no raise on failures)."""
+    rows = cohort.rows(splits)
+    tasks = bag_tasks(cohort, rows)
+    Path(cohort.cache_dir).mkdir(parents=True, exist_ok=True)
+    runner = runner if runner is not None else LocalRunner(cohort.num_workers)
+    report = BuildReport(total=len(rows), where=runner.describe())
+    with tqdm(total=len(rows), desc="bags", unit="CT", disable=not progress or not rows) as bar:
+        for i, value, exc in runner.run(build_entry, tasks):
+            if exc is not None:
+                if isinstance(exc, ConfigError):  # the same for every row (e.g. a worker's code differs)
+                    raise exc
+                report.failures.append(row_failure(rows[i], i, exc))
+            elif value[1]:
+                report.built += 1
+            else:
+                report.cached += 1
+            bar.update(1)
+    report.failures.sort(key=lambda e: e.row)
+    return report
