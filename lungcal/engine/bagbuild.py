@@ -5,8 +5,9 @@
 ``patch_size``, ``qc`` and ``output_dir``, with any override files merged as
 ``monai.bundle`` merges them), or one from a plain JSON of bag parameters (the
 :class:`~lungcal.candidates.cache.BagParams` fields, as a stage-1 checkpoint stores them).
-:func:`build_cohort` runs one :func:`~lungcal.candidates.cache.build_entry` task per row on a
-runner: :class:`LocalRunner` (in-process or a process pool, as training builds) or
+:func:`build_cohort` runs the series checks (when the bundle has ``qc``: their reports are cached
+as a training run's), then one :func:`~lungcal.candidates.cache.build_entry` task per row, both on
+a runner: :class:`LocalRunner` (in-process or a process pool, as training builds) or
 ``lungcal.engine.dask_bags.DaskRunner`` (a ``dask.distributed`` cluster; optional extra
 ``[cluster]``). The tasks, hence the cache keys and entries, are the ones training would
 compute, so a training run afterwards builds nothing. Entries already present are verified and
@@ -29,11 +30,14 @@ from monai.bundle import ConfigParser
 from tqdm.auto import tqdm
 
 from lungcal.candidates.cache import BagParams, build_entry, row_failure
+from lungcal.ct.masking import LungMasker
+from lungcal.data.manifest import load_manifest, rows_for_split
 from lungcal.engine.cohort import SPLITS, CTCohort
+from lungcal.engine.series_qc import screen_one
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime.exit_hook import find_lungcal_error
 
-__all__ = ["BuildReport", "LocalRunner", "bag_tasks", "build_cohort", "cohort_from_params"]
+__all__ = ["BuildReport", "LocalRunner", "bag_tasks", "build_cohort", "check_series_on", "cohort_from_params"]
 
 #: one task's outcome: (task index, result or None, exception or None)
 Outcome = tuple[int, Any, "BaseException | None"]
@@ -162,14 +166,34 @@ def bag_tasks(cohort: CTCohort, rows: Sequence[dict]) -> list[tuple]:
     return [(str(r["image"]), params, root, "content", cohort.preprocess) for r in rows]
 
 
+def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLITS, progress: bool = True) -> int:
+    """Run the cohort's series checks of the rows of ``splits`` as ``runner`` tasks: each stores its
+    report in the cohort's QC cache (:func:`~lungcal.engine.series_qc.screen_one`), so the screening in
+    ``cohort.rows()`` then only reads them back. A check that fails to run is left to that screening,
+    which reports it as a training run would. Returns the number of rows checked (0 without ``qc``)."""
+    if cohort.qc is None:
+        return 0
+    rows = [r for s in splits for r in rows_for_split(load_manifest(cohort.datalist_path()), s)]
+    root = cohort.output_dir / "cache" / "qc"
+    root.mkdir(parents=True, exist_ok=True)
+    masker = cohort.masker or LungMasker()  # what CTCohort._screen keys the reports by
+    tasks = [(str(r["image"]), r.get("series_uid") or None, cohort.qc, masker, str(root)) for r in rows]
+    with tqdm(total=len(tasks), desc="series checks", unit="CT", disable=not progress or not tasks) as bar:
+        for _ in runner.run(screen_one, tasks):
+            bar.update(1)
+    return len(tasks)
+
+
 def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Any = None,
                  progress: bool = True) -> BuildReport:
     """Build (or verify) the cache entry of every row of ``splits`` on ``runner`` (default: the
-    cohort's ``num_workers`` local processes); returns a :class:`BuildReport` (no raise on failures)."""
+    cohort's ``num_workers`` local processes), the series checks first on the same runner; returns a
+    :class:`BuildReport` (no raise on failures)."""
+    runner = runner if runner is not None else LocalRunner(cohort.num_workers)
+    check_series_on(runner, cohort, splits, progress)
     rows = cohort.rows(splits)
     tasks = bag_tasks(cohort, rows)
     Path(cohort.cache_dir).mkdir(parents=True, exist_ok=True)
-    runner = runner if runner is not None else LocalRunner(cohort.num_workers)
     report = BuildReport(total=len(rows), where=runner.describe())
     with tqdm(total=len(rows), desc="bags", unit="CT", disable=not progress or not rows) as bar:
         for i, value, exc in runner.run(build_entry, tasks):

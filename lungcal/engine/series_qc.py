@@ -36,8 +36,8 @@ from lungcal.ct.qc import QCCheck, QCConfig, QCReport, check_series
 from lungcal.errors import DataError, LungcalError
 from lungcal.paths import atomic_write, atomic_write_text
 
-__all__ = ["QC_VERSION", "qc_key", "screen", "skipped_table", "qc_csv_rows", "write_qc_csv", "refuse_failed",
-           "log_warnings"]
+__all__ = ["QC_VERSION", "qc_key", "screen", "screen_one", "skipped_table", "qc_csv_rows", "write_qc_csv",
+           "refuse_failed", "log_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +69,12 @@ def screen(rows: Sequence[Mapping[str, Any]], config: QCConfig | Mapping[str, An
         if num_workers <= 0 or len(rows) <= 1:
             out = []
             for src, uid in jobs:
-                out.append(_screen_one(src, uid, cfg, masker, str(root)))
+                out.append(screen_one(src, uid, cfg, masker, str(root)))
                 bar.update(1)
             return out
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
         with cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx) as ex:
-            results = ex.map(_screen_one, *zip(*jobs), *([x] * len(jobs) for x in (cfg, masker, str(root))))
+            results = ex.map(screen_one, *zip(*jobs), *([x] * len(jobs) for x in (cfg, masker, str(root))))
             out = []
             for rep in results:  # in order; the bar moves as they come
                 out.append(rep)
@@ -156,7 +156,9 @@ def _ct_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _screen_one(source: str, series_uid: str | None, cfg: QCConfig, masker: Masker, root: str) -> QCReport | None:
+def screen_one(source: str, series_uid: str | None, cfg: QCConfig, masker: Masker, root: str) -> QCReport | None:
+    """The cached report of one CT, computed and stored under ``root`` when missing (one task of
+    :func:`screen`, and of ``lungcal build-bags`` on a cluster); ``None`` when the image cannot be read."""
     try:
         path = Path(root) / f"{qc_key(source, cfg, masker, series_uid)}.json"
     except OSError:

@@ -15,6 +15,7 @@ from monai.bundle import ConfigParser
 import lungcal.candidates.cache as cache_module
 from lungcal.cli import build_parser, main
 from lungcal.data.manifest import load_manifest, save_manifest
+from lungcal.engine.bagbuild import LocalRunner, build_cohort
 from lungcal.engine.bagstream import StreamedBags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,6 @@ def test_training_after_build_bags_builds_nothing_and_a_rerun_skips_every_entry(
 def test_a_dask_local_cluster_builds_the_same_entries_bit_for_bit(local_build, tiny_cohort, override, tmp_path,
                                                                  capsys):
     pytest.importorskip("distributed")
-    shutil.copytree(local_build / "cache" / "qc", tmp_path / "cache" / "qc")  # the series checks: not tested here
     rows = [r for r in load_manifest(tiny_cohort) if r["split"] == "test"]
     assert build(tiny_cohort, tmp_path, "bundles/nlst_focal.json", override,
                  extra=["--scheduler", "local:2", "--splits", "test"]) == 0
@@ -106,10 +106,28 @@ def test_a_dask_local_cluster_builds_the_same_entries_bit_for_bit(local_build, t
     assert f"{len(rows)} built, 0 already cached, 0 failed (a local Dask cluster, 2 worker(s))" in out
     local, dask = entries(local_build), entries(tmp_path)
     assert len(dask) == len(rows) and dask.keys() <= local.keys()
+    assert len(list((tmp_path / "cache" / "qc").glob("*.json"))) == len(rows)  # the series checks ran there too
     for name, arrays in dask.items():
         assert arrays.keys() == local[name].keys()
         for key, value in local[name].items():
             assert arrays[key].dtype == value.dtype and np.array_equal(arrays[key], value), (name, key)
+
+
+def test_the_series_checks_and_the_bags_are_tasks_of_the_runner(local_build, tiny_cohort, tmp_path):
+    class Recording(LocalRunner):
+        calls: list = []
+
+        def run(self, fn, tasks):
+            self.calls.append((fn.__name__, len(tasks)))
+            yield from super().run(fn, tasks)
+
+    shutil.copytree(local_build / "cache" / "bags", tmp_path / "cache" / "bags")  # bags cached, checks not
+    n = len([r for r in load_manifest(tiny_cohort) if r["split"] == "test"])
+    runner = Recording(0)
+    report = build_cohort(training_cohort(tiny_cohort, tmp_path), ("test",), runner, progress=False)
+    assert runner.calls == [("screen_one", n), ("build_entry", n)]
+    assert len(list((tmp_path / "cache" / "qc").glob("*.json"))) == n
+    assert (report.total, report.built, report.cached, report.failures) == (n, 0, n, [])
 
 
 def test_a_scheduler_nobody_answers_is_one_line_naming_it(tiny_cohort, override, tmp_path, capsys):
