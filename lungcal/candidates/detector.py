@@ -29,6 +29,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from scipy import ndimage
 
+from lungcal.ct.masking import coarse_view, upsample_nearest
+
 __all__ = ["Candidates", "Detector", "LoGBlobDetector", "voxel_to_world", "world_to_voxel"]
 
 
@@ -107,34 +109,115 @@ def _as_volume(x) -> np.ndarray:
     return x
 
 
-def _smooth_and_log(vol: np.ndarray, sigma_mm: float, spacing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Gaussian-smoothed volume ``G`` and its scale-normalised response ``-sigma^2 * LoG``.
+def _laplacian(g: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+    """Laplacian (per mm^2) of ``g`` by central differences with replicated edges, in float32.
 
-    ``sigma_mm`` is converted per axis with ``spacing``; second derivatives are central finite
-    differences of ``G`` in mm (one Gaussian filter per scale instead of three derivative filters).
+    Two scratch volumes and no padded copy; the arithmetic (``(lo + hi - 2 g) / h^2`` summed over
+    the axes) is the same operation by operation as a padded central difference, so the values are
+    bit-identical to it.
     """
-    g = ndimage.gaussian_filter(vol, sigma_mm / spacing, mode="nearest", truncate=3.0).astype(np.float32)
-    gp = np.pad(g, 1, mode="edge")
-    lap = np.zeros_like(g)
-    centre = gp[1:-1, 1:-1, 1:-1]
+    out = np.zeros_like(g)
+    t = np.empty_like(g)
+    two_g = np.multiply(g, np.float32(2))
     for axis in range(3):
-        lo = [slice(1, -1)] * 3
-        hi = [slice(1, -1)] * 3
-        lo[axis], hi[axis] = slice(0, -2), slice(2, None)
-        lap += (gp[tuple(lo)] + gp[tuple(hi)] - 2 * centre) / np.float32(spacing[axis] ** 2)
-    return g, lap * -np.float32(sigma_mm**2)
+        gm, tm = np.moveaxis(g, axis, 0), np.moveaxis(t, axis, 0)
+        if gm.shape[0] == 1:
+            np.add(gm, gm, out=tm)
+        else:  # tm[i] = g[max(i - 1, 0)] + g[min(i + 1, n - 1)]
+            np.add(gm[:-2], gm[2:], out=tm[1:-1])
+            np.add(gm[0], gm[1], out=tm[0])
+            np.add(gm[-2], gm[-1], out=tm[-1])
+        t -= two_g
+        t /= np.float32(spacing[axis] ** 2)
+        out += t
+    return out
+
+
+def _block_mean(vol: np.ndarray, step: Sequence[int]) -> np.ndarray:
+    """Mean over blocks of ``step`` voxels per axis (the last block of an axis is completed by
+    replicating the edge), float32: one pass per axis, each on the already reduced volume."""
+    out = vol
+    for axis, f in enumerate(int(v) for v in step):
+        if f == 1:
+            continue
+        m = np.moveaxis(out, axis, 0)
+        nc = -(-m.shape[0] // f)
+        acc = np.zeros((nc, *m.shape[1:]), np.float32)
+        for k in range(f):
+            part = m[k::f]
+            acc[: len(part)] += part
+            if len(part) < nc:
+                acc[len(part):] += m[-1]
+        acc /= np.float32(f)
+        out = np.moveaxis(acc, 0, axis)
+    return np.ascontiguousarray(out)
+
+
+def _scale_space(vol: np.ndarray, sigma_mm: float, spacing: np.ndarray,
+                 step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gaussian-smoothed volume ``G`` and its scale-normalised response ``-sigma^2 * LoG`` at one
+    scale, on the grid sub-sampled by ``step`` (1 = the volume's own grid); also that grid's
+    spacing.
+
+    ``sigma_mm`` is converted per axis with the spacing; second derivatives are central finite
+    differences of ``G`` in mm (one Gaussian filter per scale instead of three derivative filters).
+    On a sub-sampled grid the volume is first averaged over ``step`` blocks (which blurs by a box
+    of variance ``(step^2 - 1) / 12`` voxels), and the Gaussian makes up the rest of ``sigma``.
+    """
+    if (step == 1).all():
+        src, sp, sig = vol, spacing, np.full(3, sigma_mm)
+    else:
+        src, sp = _block_mean(vol, step), spacing * step
+        sig = np.sqrt(np.maximum(sigma_mm**2 - (step**2 - 1) / 12.0 * spacing**2, (0.5 * sp) ** 2))
+    g = ndimage.gaussian_filter(src, sig / sp, mode="nearest", truncate=3.0)
+    if g.dtype != np.float32:
+        g = g.astype(np.float32)
+    resp = _laplacian(g, sp)
+    resp *= -np.float32(sigma_mm**2)
+    return g, resp, sp
+
+
+def _neighbourhood(idx: np.ndarray, step: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The 3x3x3 neighbourhood of grid indices ``idx`` on a grid sub-sampled by ``step``, as an
+    inclusive box of full-grid voxels (``(N, 3)`` low and high corners, clipped to ``shape``)."""
+    hi = np.asarray(shape, np.int64) - 1
+    return np.clip((idx - 1) * step, 0, hi), np.clip((idx + 2) * step - 1, 0, hi)
+
+
+def _not_below(arr: np.ndarray, step: np.ndarray, box: tuple[np.ndarray, np.ndarray],
+               values: np.ndarray) -> np.ndarray:
+    """For each point: is ``values`` >= every value of ``arr`` (a response on the grid sub-sampled
+    by ``step``) in the cells that meet its box of full-grid voxels? Points are dropped as soon as
+    one cell beats them. On one grid with boxes of 3x3x3 voxels this is
+    ``maximum_filter(arr, 3, mode="nearest") <= values`` at the points."""
+    lo, hi = box[0] // step, np.minimum(box[1] // step, np.asarray(arr.shape, np.int64) - 1)
+    alive = np.arange(len(values))
+    extent = (hi - lo).max(axis=0) + 1 if len(values) else np.zeros(3, np.int64)
+    for off in np.ndindex(*(int(e) for e in extent)):
+        if alive.size == 0:
+            break
+        q = np.minimum(lo[alive] + np.asarray(off), hi[alive])
+        alive = alive[values[alive] >= arr[q[:, 0], q[:, 1], q[:, 2]]]
+    ok = np.zeros(len(values), bool)
+    ok[alive] = True
+    return ok
+
+
+def _from_grid(idx: np.ndarray, step: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Sub-sampled grid indices -> the full-grid voxel at the centre of their block."""
+    return np.minimum(idx * step + (step - 1) // 2, np.asarray(shape, np.int64) - 1)
 
 
 def _hessian_at(g: np.ndarray, pts: np.ndarray, spacing: np.ndarray) -> np.ndarray:
-    """``(N, 3, 3)`` Hessians (per mm^2) of volume ``g`` at integer points, by central differences."""
-    gp = np.pad(g, 1, mode="edge")
-    p = pts + 1
-    n = len(p)
+    """``(N, 3, 3)`` Hessians (per mm^2) of volume ``g`` at integer points, by central differences
+    (indices clamped at the faces: replicated edges, without a padded copy)."""
+    hi = np.asarray(g.shape, np.int64) - 1
+    n = len(pts)
     h = np.empty((n, 3, 3), np.float64)
 
     def at(d):
-        q = p + np.asarray(d)
-        return gp[q[:, 0], q[:, 1], q[:, 2]].astype(np.float64)
+        q = np.clip(pts + np.asarray(d), 0, hi)
+        return g[q[:, 0], q[:, 1], q[:, 2]].astype(np.float64)
 
     c = at((0, 0, 0))
     for i in range(3):
@@ -191,6 +274,18 @@ class LoGBlobDetector:
         log_weight: with ``shape_filter``, the score is ``dot + log_weight * LoG``. A nodule that
             touches a vessel or the pleura has an indefinite Hessian at its peak (dot score 0)
             and would otherwise be dropped; the small LoG term keeps it in the ranking.
+        pyramid_sigma_vox: a scale whose sigma spans ``n`` times this many voxels (``n >= 2``) runs
+            on the volume averaged over blocks of ``n`` voxels (a scale-space pyramid: the cost of a
+            Gaussian grows with sigma in voxels, so at 1 mm the 8-14 mm scales would otherwise cost
+            more than all the others); its peaks come back at the centre of their block (at most
+            ``n / 2`` voxels off, for blobs of ``6 n`` voxels and more) and are compared with the
+            neighbouring scales on their own grids. At 2.5 mm no scale of the defaults is
+            sub-sampled; 0 turns it off.
+        mask_voxel_mm: the closing and dilation of the lung mask run on a grid sub-sampled to about
+            this voxel size (the mask itself comes from a 3 mm grid, see
+            :class:`lungcal.ct.masking.LungMasker`), then come back by repetition; 0 keeps the
+            volume's own grid. At 2.5 mm nothing changes; at 1 mm it saves two distance transforms
+            of the full grid.
     """
 
     radii_mm: Sequence[float] = (1.5, 2.5, 3.5, 5.0, 7.0, 10.0, 14.0, 19.0, 25.0)
@@ -204,6 +299,8 @@ class LoGBlobDetector:
     border_mm: float = 0.0
     log_weight: float = 0.1
     min_sigma_vox: float = 0.5
+    pyramid_sigma_vox: float = 3.0
+    mask_voxel_mm: float = 2.5
 
     def __post_init__(self) -> None:
         if len(self.radii_mm) < 1 or min(self.radii_mm) <= 0:
@@ -218,6 +315,21 @@ class LoGBlobDetector:
         keep = sigmas >= self.min_sigma_vox * float(np.max(spacing))
         keep[-1] = True
         return sigmas[keep]
+
+    def grid_steps(self, spacing: Sequence[float]) -> np.ndarray:
+        """``(S, 3)`` sub-sampling step per scale of :meth:`sigmas_mm` and axis: a scale runs on the
+        volume's grid sub-sampled by ``floor(sigma / (pyramid_sigma_vox * voxel))`` (at least 1)."""
+        spacing = np.asarray(spacing, np.float64).reshape(3)
+        sigmas = self.sigmas_mm(spacing)
+        if not self.pyramid_sigma_vox or self.pyramid_sigma_vox <= 0:
+            return np.ones((len(sigmas), 3), np.int64)
+        n = np.floor(sigmas[:, None] / (self.pyramid_sigma_vox * spacing[None]) + 1e-6)
+        return np.maximum(1, n).astype(np.int64)
+
+    def _mask_step(self, spacing: np.ndarray) -> np.ndarray:
+        if not self.mask_voxel_mm or self.mask_voxel_mm <= 0:
+            return np.ones(3, np.int64)
+        return np.maximum(1, np.floor(self.mask_voxel_mm / spacing + 1e-6)).astype(np.int64)
 
     def _close_mask(self, mask: np.ndarray, spacing: np.ndarray) -> np.ndarray:
         """Close (fills pleural notches left by juxtapleural nodules) and fill enclosed holes,
@@ -240,13 +352,36 @@ class LoGBlobDetector:
             return ndimage.distance_transform_edt(~closed, sampling=spacing) <= self.mask_dilation_mm
         return closed
 
+    def _masks(self, raw: np.ndarray, spacing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The closed mask (candidate centres) and the dilated one (kept intensities), computed on a
+        grid sub-sampled to about ``mask_voxel_mm`` (the centre voxel of each block) and brought
+        back by repetition; the closed mask always holds the input mask, the dilated one the closed."""
+        step = self._mask_step(spacing)
+        if (step == 1).all():
+            inner = self._close_mask(raw, spacing)
+            return inner, self._dilate_mask(inner, spacing)
+        coarse, _ = coarse_view(raw, spacing, float(self.mask_voxel_mm))
+        inner_c = self._close_mask(coarse, spacing * step)
+        dil_c = self._dilate_mask(inner_c, spacing * step)
+        inner = upsample_nearest(inner_c, step, raw.shape)
+        inner |= raw
+        dilated = upsample_nearest(dil_c, step, raw.shape)
+        dilated |= inner
+        return inner, dilated
+
     def detect(self, image, lung_mask, spacing: Sequence[float], affine) -> Candidates:
         """Detect bright blobs inside the (dilated) lung mask.
+
+        The scales run one after the other (each keeps the volume, its own smoothed copy and
+        response, and the previous scale's response: about six volumes at most, whatever the
+        number of scales); a voxel is a peak when its response is at least every response in its
+        3x3x3 neighbourhood at its own scale and the two next to it, evaluated only where the
+        response passes ``threshold`` inside the closed mask.
 
         Returns:
             :class:`Candidates`, at most ``top_k``, sorted by decreasing score.
         """
-        vol = _as_volume(image).astype(np.float32, copy=False)
+        vol = _as_volume(image)
         mask = _as_volume(lung_mask)
         if mask.shape != vol.shape:
             raise ValueError(f"lung_mask shape {mask.shape} differs from image shape {vol.shape}")
@@ -255,8 +390,8 @@ class LoGBlobDetector:
             raise ValueError(f"spacing must be positive, got {spacing}")
         affine = np.asarray(affine, np.float64)
         raw_mask = mask > 0
-        inner = self._close_mask(raw_mask, spacing)  # closed once, then dilated from it
-        mask = self._dilate_mask(inner, spacing)
+        del mask
+        inner, mask = self._masks(raw_mask, spacing)  # closed once, then dilated from it
         if not mask.any() or self.top_k == 0:
             return Candidates()
         # candidate centres: inside the closed lung mask (deeper than border_mm, when set: the
@@ -267,22 +402,43 @@ class LoGBlobDetector:
         bg = self.background
         if bg is None:
             bg = float(np.median(vol[raw_mask])) if raw_mask.any() else 0.0
-        vol = np.where(mask, vol, np.float32(bg)).astype(np.float32)
+        del raw_mask
+        vol = np.where(mask, vol.astype(np.float32, copy=False), np.float32(bg))  # a new float32 volume
+        del mask
         sigmas = self.sigmas_mm(spacing)
-        smooth, resp = zip(*(_smooth_and_log(vol, s, spacing) for s in sigmas))
-        stack = np.stack(resp)  # (S, X, Y, Z)
-
-        # local maxima over scale and space (3 x 3x3x3 neighbourhood; 'constant' -inf borders
-        # would make edge voxels maxima by default, so pad by replicating)
-        local_max = ndimage.maximum_filter(stack, size=(3, 3, 3, 3), mode="nearest") == stack
-        peaks = local_max & inner[None] & (stack > self.threshold)
-        s_idx, x, y, z = np.nonzero(peaks)
+        steps = self.grid_steps(spacing)
+        found: list[tuple[np.ndarray, ...]] = []  # per scale: scale index, voxel, LoG score, dot score
+        prev = pending = None
+        for s, (sigma, step) in enumerate(zip(sigmas, steps)):
+            g, resp, grid_sp = _scale_space(vol, float(sigma), spacing, step)
+            if pending is not None:  # the previous scale's peaks must not be below this scale's responses
+                p_s, p_vox, p_box, p_val, p_dot = pending
+                ok = _not_below(resp, step, p_box, p_val)
+                found.append((p_s[ok], p_vox[ok], p_val[ok], p_dot[ok]))
+            idx = np.argwhere(resp > self.threshold)
+            vox = _from_grid(idx, step, vol.shape)
+            keep = inner[vox[:, 0], vox[:, 1], vox[:, 2]]
+            idx, vox = idx[keep], vox[keep]
+            val = resp[idx[:, 0], idx[:, 1], idx[:, 2]]
+            box = _neighbourhood(idx, step, vol.shape)
+            keep = _not_below(resp, step, box, val)
+            if prev is not None:
+                p_resp, p_step = prev
+                keep[keep] = _not_below(p_resp, p_step, (box[0][keep], box[1][keep]), val[keep])
+            idx, vox, val, box = idx[keep], vox[keep], val[keep], (box[0][keep], box[1][keep])
+            dot = (self._dot_score(g, float(sigma), idx, grid_sp) if self.shape_filter
+                   else np.zeros(len(idx)))
+            pending = (np.full(len(idx), s, np.int64), vox, box, val, dot)
+            prev = (resp, step)
+            del g
+        found.append(tuple(x for i, x in enumerate(pending) if i != 2))
+        del prev, vol
+        s_idx, vox, val, dot = (np.concatenate(a) for a in zip(*found))
         if s_idx.size == 0:
             return Candidates()
-        vox = np.stack([x, y, z], axis=1)
-        score = stack[s_idx, x, y, z].astype(np.float64)
+        score = val.astype(np.float64)
         if self.shape_filter:
-            score = self._dot_score(smooth, sigmas, s_idx, vox, spacing) + self.log_weight * score
+            score = dot + self.log_weight * score
             ok = score > 0
             s_idx, vox, score = s_idx[ok], vox[ok], score[ok]
             if s_idx.size == 0:
@@ -298,21 +454,19 @@ class LoGBlobDetector:
         return Candidates(vox, voxel_to_world(vox, affine), radius, score)
 
     @staticmethod
-    def _dot_score(smooth, sigmas, s_idx, vox, spacing) -> np.ndarray:
-        """Li et al. (2003) dot enhancement at each peak and its scale.
+    def _dot_score(g: np.ndarray, sigma: float, idx: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+        """Li et al. (2003) dot enhancement at the peaks ``idx`` of one scale (``g`` smoothed at it).
 
         With Hessian eigenvalues ``l1 <= l2 <= l3`` (all negative at a bright blob), the score is
         ``sigma^2 * l3^2 / |l1|`` (0 unless all three are negative): an ideal sphere keeps
         ``sigma^2 |LoG| / 3``, while tubes (vessels, ``l3 ~ 0``) and plates (fissures, pleura) are
         suppressed.
         """
-        score = np.zeros(len(vox))
-        for s in np.unique(s_idx):
-            sel = s_idx == s
-            lam = np.linalg.eigvalsh(_hessian_at(smooth[s], vox[sel], spacing))  # ascending
-            l1, l3 = lam[:, 0], lam[:, 2]
-            score[sel] = np.where(l3 < 0, sigmas[s] ** 2 * l3**2 / np.maximum(-l1, 1e-12), 0.0)
-        return score
+        if len(idx) == 0:
+            return np.zeros(0)
+        lam = np.linalg.eigvalsh(_hessian_at(g, idx, spacing))  # ascending
+        l1, l3 = lam[:, 0], lam[:, 2]
+        return np.where(l3 < 0, sigma**2 * l3**2 / np.maximum(-l1, 1e-12), 0.0)
 
     def _suppress(self, vox: np.ndarray, radius: np.ndarray, spacing: np.ndarray) -> np.ndarray:
         """Greedy distance-based NMS over peaks sorted by score; returns kept indices in order.

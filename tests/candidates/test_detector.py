@@ -4,8 +4,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from scipy import ndimage
 
-from lungcal.candidates.detector import Candidates, Detector, LoGBlobDetector, voxel_to_world, world_to_voxel
+from lungcal.candidates.detector import (
+    Candidates,
+    Detector,
+    LoGBlobDetector,
+    _block_mean,
+    _laplacian,
+    _neighbourhood,
+    _not_below,
+    voxel_to_world,
+    world_to_voxel,
+)
 
 
 def _phantom(shape, spacing, blobs, noise=0.02, seed=0, background=0.15):
@@ -165,3 +176,49 @@ def test_scales_narrower_than_half_a_voxel_are_skipped():
     np.testing.assert_allclose(fine, np.sort(det.radii_mm) / np.sqrt(3))
     np.testing.assert_allclose(coarse, fine[1:])  # 1.5 mm / sqrt(3) = 0.35 voxel at 2.5 mm
     assert len(LoGBlobDetector(radii_mm=(0.5,)).sigmas_mm((3.0, 3.0, 3.0))) == 1  # the largest always stays
+
+
+def test_laplacian_and_neighbourhood_checks_equal_their_padded_and_filtered_forms():
+    rng = np.random.default_rng(1)
+    g = rng.random((7, 5, 6), dtype=np.float32)
+    sp = np.array([0.7, 1.0, 2.5])
+    gp = np.pad(g, 1, mode="edge")
+    ref = np.zeros_like(g)
+    for axis in range(3):
+        lo, hi = [slice(1, -1)] * 3, [slice(1, -1)] * 3
+        lo[axis], hi[axis] = slice(0, -2), slice(2, None)
+        ref += (gp[tuple(lo)] + gp[tuple(hi)] - 2 * gp[1:-1, 1:-1, 1:-1]) / np.float32(sp[axis] ** 2)
+    assert np.array_equal(_laplacian(g, sp), ref)  # bit-identical, without the padded copy
+
+    idx = np.argwhere(np.ones(g.shape, bool))
+    one = np.ones(3, np.int64)
+    got = _not_below(g, one, _neighbourhood(idx, one, g.shape), g[tuple(idx.T)])
+    assert np.array_equal(got, (ndimage.maximum_filter(g, size=3, mode="nearest") == g)[tuple(idx.T)])
+
+    step = np.array([2, 3, 1])
+    want = np.pad(g, [(0, 1), (0, 1), (0, 0)], mode="edge").reshape(4, 2, 2, 3, 6, 1).mean(axis=(1, 3, 5))
+    np.testing.assert_allclose(_block_mean(g, step), want, rtol=1e-6)
+
+
+def test_the_pyramid_and_the_coarse_mask_leave_2_5_mm_alone_and_find_masses_at_1_mm():
+    det = LoGBlobDetector()
+    assert (det.grid_steps((2.5, 2.5, 2.5)) == 1).all()  # the demo's grid: bit-identical to no pyramid
+    assert det.grid_steps((1.0, 1.0, 1.0))[:, 0].tolist() == [1, 1, 1, 1, 1, 1, 2, 3, 4]
+    demo = (2.5, 2.5, 2.5)
+    args = (_phantom(SHAPE, demo, BLOBS), _mask(), demo, np.diag([*demo, 1.0]))
+    a = LoGBlobDetector().detect(*args)
+    b = LoGBlobDetector(pyramid_sigma_vox=0, mask_voxel_mm=0).detect(*args)
+    assert np.array_equal(a.voxel, b.voxel) and np.array_equal(a.score, b.score)
+
+    # 1 mm: a 40 mm mass (its scales run on 2-4 mm blocks) and a 6 mm nodule (full grid)
+    spacing, shape = (1.0, 1.0, 1.0), (96, 96, 80)
+    blobs = [((48, 46, 40), 20.0), ((12, 14, 12), 3.0)]
+    vol, mask = _phantom(shape, spacing, blobs), np.ones(shape, bool)
+    fast = LoGBlobDetector(top_k=5).detect(vol, mask, spacing, np.eye(4))
+    full = LoGBlobDetector(top_k=5, pyramid_sigma_vox=0, mask_voxel_mm=0).detect(vol, mask, spacing, np.eye(4))
+    for c in (fast, full):
+        for centre, r in blobs:
+            d = np.sqrt(((c.voxel - np.asarray(centre)) ** 2).sum(1))
+            j = int(np.argmin(d))
+            assert d[j] <= 2.0, (centre, c.voxel)  # at most half a 4-voxel block off
+            assert c.radius_mm[j] == pytest.approx(r, rel=0.3)
