@@ -112,8 +112,17 @@ class DaskRunner:
         """Map ``fn`` over ``tasks``; yield ``(index, result, exception)`` as each finishes."""
         if not tasks:
             return
-        columns = [list(col) for col in zip(*tasks)]
         n = len(tasks)
+        columns = []
+        for col in zip(*tasks):
+            first = col[0]
+            if all(c is first for c in col) and not isinstance(first, (str, int, float, bool, type(None))):
+                # one object shared by every task (the preprocessing chain: ~7 KB pickled): sent to each
+                # worker once, not once a task through the scheduler
+                first = self.client.scatter(first, broadcast=True, hash=False)
+                columns.append([first] * n)
+            else:
+                columns.append(list(col))
         futures = self.client.map(checked_task, [fn] * n, [code_fingerprint()] * n, *columns, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         try:
