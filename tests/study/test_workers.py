@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import socket
 import threading
 import uuid
@@ -25,8 +26,9 @@ from sqlalchemy.engine import make_url
 from lungcal.cli import main
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.study.runner import TAG_STUDY_KEY, inprocess_runner, plan_study, run_study
+from lungcal.tracking.commands import ui_command
 from lungcal.tracking.names import ENV_STUDY_JOB, TAG_STAGE1, TAG_STAGE2, TAG_STUDY_JOB
-from lungcal.tracking.tracker import check_tracking_uri, redact_uri
+from lungcal.tracking.tracker import artifact_root_for, check_tracking_uri, privacy_filter, redact_uri
 from tests.study.test_runner import LAS_BUNDLE, _stage1_bundle
 
 PG_ADMIN = os.environ.get("LUNGCAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -202,3 +204,24 @@ def test_postgresql_uris_are_checked_in_one_line_and_passwords_never_shown():
     if importlib.util.find_spec("pg8000") is None:  # a driver SQLAlchemy knows that is not installed
         with pytest.raises(TrackingError, match="driver 'pg8000' is not installed"):
             check_tracking_uri("postgresql+pg8000://me@127.0.0.1/mlflow")
+
+
+def test_a_database_store_is_private_and_keeps_artifacts_under_the_project(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUNGCAL_HOME", str(tmp_path))
+    assert artifact_root_for("postgresql://me@db:5432/mlflow") == (tmp_path / "mlartifacts").as_uri()
+    assert artifact_root_for("postgresql+psycopg://me@db/mlflow") == (tmp_path / "mlartifacts").as_uri()
+    assert artifact_root_for("http://127.0.0.1:5000") is None
+    params = privacy_filter({"tracking_uri": "postgresql://me:s3cret@db:5432/mlflow", "lr": "0.1"})
+    assert params == {"tracking_uri": "postgresql://me:***@db:5432/mlflow", "lr": "0.1"}
+
+
+def test_ui_opens_a_postgresql_store_without_showing_its_password(store, capsys):
+    if not store.startswith("postgresql"):
+        pytest.skip("the SQLite store is covered by tests/study/test_report.py")
+    url = make_url(store).set(password="s3cret")
+    uri = url.render_as_string(hide_password=False)
+    cmd = ui_command(uri, port=5123)
+    assert cmd[1:4] == ["ui", "--backend-store-uri", uri] and cmd[-3:] == ["127.0.0.1", "--port", "5123"]
+    assert main(["ui", "--tracking-uri", uri, "--print-only"]) == 0
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and f"--backend-store-uri {shlex.quote(redact_uri(uri))}" in out
