@@ -8,7 +8,9 @@ from .losses import (
     FocalLoss,
     FocalLossAdaptiveGamma,
     LabelAwareSmoothingLoss,
+    MMCELoss,
     las_epsilons,
+    mmce_squared,
     soft_cross_entropy,
 )
 from .metrics import (
@@ -59,7 +61,7 @@ __all__ = [
     "REPORT_METRICS", "BINARY_REPORT_METRICS", "accuracy", "adaptive_ece", "auroc", "brier_score",
     "calibration_report", "calibration_slope_intercept", "classwise_ece", "ece", "ece_consistency_pvalue",
     "mce", "nll", "oe_ratio", "paired_bootstrap_diff", "reliability_bins",
-    "FocalLoss", "FocalLossAdaptiveGamma", "LabelAwareSmoothingLoss", "las_epsilons",
+    "FocalLoss", "FocalLossAdaptiveGamma", "LabelAwareSmoothingLoss", "las_epsilons", "MMCELoss", "mmce_squared",
     "soft_cross_entropy", "mixup", "mixup_bags",
     "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler", "HistogramBinning", "IsotonicCalibrator",
     "CALIBRATORS", "make_calibrator", "calibrator_from_json", "select_calibrator", "fit_warnings",

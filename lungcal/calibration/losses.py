@@ -1,5 +1,5 @@
 """Training losses for calibration: focal (fixed and FLSD-53 adaptive gamma), label-aware
-smoothing (MiSLAS) and soft-target cross-entropy.
+smoothing (MiSLAS), soft-target cross-entropy and the MMCE penalty (Kumar et al. 2018).
 
 Every loss takes **logits** ``(N, C)`` and a target that is either class indices ``(N,)``
 (int) or soft targets ``(N, C)`` (float rows summing to 1, e.g. from :func:`..mixup.mixup`).
@@ -22,6 +22,8 @@ __all__ = [
     "FocalLoss",
     "FocalLossAdaptiveGamma",
     "LabelAwareSmoothingLoss",
+    "mmce_squared",
+    "MMCELoss",
 ]
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -220,3 +222,107 @@ class LabelAwareSmoothingLoss(nn.Module):
         eps = q @ self.epsilons.to(logits.dtype)
         loss = (1.0 - eps) * (-(q * logp).sum(1)) + eps * (-logp.mean(1))
         return _reduce(loss, self.reduction)
+
+
+_MMCE_NORMS = ("weights", "counts")
+
+
+def mmce_squared(logits: torch.Tensor, target: torch.Tensor, kernel_width: float = 0.4, weighted: bool = False,
+                 normalize: str = "weights") -> torch.Tensor:
+    """Squared maximum mean calibration error (Kumar, Sarawagi & Jain 2018), differentiable.
+
+    With confidences ``r_i = max_k softmax(z_i)_k``, correctness ``c_i = q_i[argmax z_i]`` (1/0 for
+    index targets; the target's mass on the predicted class for soft targets) and the Laplacian
+    kernel ``k(r, r') = exp(-|r - r'| / kernel_width)`` (width 0.4 as in the paper):
+
+    * ``weighted=False`` (MMCE_m, the paper's eq. for the estimate on ``m`` samples):
+      ``sum_ij (c_i - r_i)(c_j - r_j) k(r_i, r_j) / m^2``;
+    * ``weighted=True`` (MMCE_w, the paper's training variant): the squared RKHS distance between
+      the correct samples' embedding weighted by ``1 - r`` and the incorrect samples' weighted by
+      ``r``: ``sum_{i,j in C} (1-r_i)(1-r_j) k / n_c^2 + sum_{i,j in W} r_i r_j k / n_w^2
+      - 2 sum_{i in C, j in W} (1-r_i) r_j k / (n_c n_w)``. ``normalize="counts"`` takes
+      ``n_c, n_w`` = the numbers of correct / incorrect samples, as the authors' code does;
+      ``normalize="weights"`` (default) takes the sums of the weights, ``sum_C (1-r)`` and
+      ``sum_W r``, which makes the expectation zero for a perfectly calibrated model at any
+      accuracy (with counts it is zero only at accuracy 1/2: the correct side's embedding tends
+      to ``E[r(1-r) phi(r)] / E[r]``, the incorrect side's to ``E[r(1-r) phi(r)] / E[1-r]``).
+      A batch with no correct or no incorrect sample gives 0, as in the authors' code.
+
+    O(m^2) in the batch size m (one m x m kernel matrix).
+
+    References:
+        Kumar, Sarawagi & Jain, "Trainable Calibration Measures for Neural Networks from Kernel
+        Mean Embeddings", ICML 2018. https://proceedings.mlr.press/v80/kumar18a.html
+    """
+    _check_mmce(kernel_width, normalize)
+    q = _soft_targets(target, logits)
+    p = F.softmax(logits, dim=1)
+    r, pred = p.max(dim=1)
+    c = q.gather(1, pred.unsqueeze(1)).squeeze(1)
+    kern = torch.exp(-(r.unsqueeze(1) - r.unsqueeze(0)).abs() / float(kernel_width))
+    m = r.shape[0]
+    if not weighted:
+        d = c - r
+        return (d @ kern @ d) / max(m * m, 1)
+    wc, ww = c * (1.0 - r), (1.0 - c) * r  # correct side weighted by 1 - r, incorrect side by r
+    nc, nw = (wc.sum(), ww.sum()) if normalize == "weights" else (c.sum(), (1.0 - c).sum())
+    if float(c.sum()) <= 0.0 or float((1.0 - c).sum()) <= 0.0 or float(nc) <= 0.0 or float(nw) <= 0.0:
+        return logits.sum() * 0.0
+    a, b = wc / nc, ww / nw
+    return (a @ kern @ a + b @ kern @ b - 2.0 * (a @ kern @ b)).clamp_min(0.0)
+
+
+def _check_mmce(kernel_width: float, normalize: str) -> None:
+    if not kernel_width > 0:
+        raise ConfigError(f"MMCE kernel_width must be > 0, got {kernel_width}", field="kernel_width",
+                          fix="use the paper's 0.4")
+    if normalize not in _MMCE_NORMS:
+        raise ConfigError(f"unknown MMCE normalize {normalize!r}", field="normalize",
+                          fix=f"use one of {', '.join(_MMCE_NORMS)}")
+
+
+class MMCELoss(nn.Module):
+    """A base loss plus the MMCE calibration penalty: ``base(z, y) + lam * MMCE(z, y)``.
+
+    ``MMCE = sqrt(mmce_squared + 1e-10)`` over the batch (:func:`mmce_squared`; the paper trains
+    with ``NLL + lam * MMCE_w``). For the CT bundles the batch is a batch of bags, so this is MMCE
+    at bag level; swap it in by replacing the bundle's ``loss`` section (docs/architecture.md).
+
+    Args:
+        base: the data-fit loss (default: cross-entropy, i.e. the paper's NLL); any module
+            ``(logits, target) -> scalar``, e.g. :class:`FocalLoss`.
+        lam: weight of the penalty (>= 0; 0 gives ``base`` alone). Mukhoti et al. 2020 compare
+            MMCE with ``lam = 2``.
+        kernel_width, weighted, normalize: as for :func:`mmce_squared` (defaults: 0.4, the
+            weighted MMCE_w, normalised by the weight sums).
+
+    References:
+        Kumar, Sarawagi & Jain, "Trainable Calibration Measures for Neural Networks from Kernel
+        Mean Embeddings", ICML 2018. https://proceedings.mlr.press/v80/kumar18a.html
+    """
+
+    def __init__(self, base: nn.Module | None = None, lam: float = 2.0, kernel_width: float = 0.4,
+                 weighted: bool = True, normalize: str = "weights") -> None:
+        super().__init__()
+        if lam < 0:
+            raise ConfigError(f"MMCE lam must be >= 0, got {lam}", field="lam", fix="use lam >= 0 (e.g. 2.0)")
+        self.base = base if base is not None else FocalLoss(gamma=0.0)
+        if getattr(self.base, "reduction", "mean") == "none":
+            raise ConfigError("the MMCE base loss must reduce to a scalar", field="base.reduction",
+                              fix="use reduction 'mean' (the default)")
+        self.lam = float(lam)
+        self.kernel_width = float(kernel_width)
+        self.weighted = bool(weighted)
+        _check_mmce(kernel_width, normalize)
+        self.normalize = normalize
+
+    def penalty(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """``MMCE = sqrt(mmce_squared + 1e-10)`` of the batch."""
+        sq = mmce_squared(logits, target, self.kernel_width, self.weighted, self.normalize)
+        return torch.sqrt(sq + 1e-10)
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.base(logits, target)
+        if self.lam == 0.0:
+            return loss
+        return loss + self.lam * self.penalty(logits, target)
