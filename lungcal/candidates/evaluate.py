@@ -23,26 +23,39 @@ from lungcal.candidates.froc import LUNA16_FP_RATES, cpm, froc_curve
 from lungcal.ct.transforms import preprocess_ct
 from lungcal.errors import DataError
 
-__all__ = ["read_annotations", "evaluate_detector"]
+__all__ = ["read_annotations", "read_nodule_truth", "evaluate_detector"]
 
 
-def read_annotations(path: str | os.PathLike, key: str = "ct") -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{ct: (centres_ras (M, 3), diameters_mm (M,))}`` from a LUNA16-style annotations CSV."""
+def _read_rows(path: str | os.PathLike, key: str, extra: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """``{key: (M, 4 + len(extra)) float rows: rasX, rasY, rasZ, diameter_mm, *extra}``."""
     out: dict[str, list] = defaultdict(list)
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         cols = set(reader.fieldnames or ())
-        need = {key, "diameter_mm"} | ({"rasX", "rasY", "rasZ"} if "rasX" in cols else {"coordX", "coordY", "coordZ"})
+        need = {key, "diameter_mm", *extra} | ({"rasX", "rasY", "rasZ"} if "rasX" in cols
+                                              else {"coordX", "coordY", "coordZ"})
         if not need <= cols:
             raise DataError(f"annotations lack columns {sorted(need - cols)}", file=path, field=key,
-                            fix="write LUNA16 columns coordX,coordY,coordZ,diameter_mm plus the row key")
+                            fix="write LUNA16 columns coordX,coordY,coordZ,diameter_mm plus the row key"
+                                + (f" and {', '.join(extra)}" if extra else ""))
         for r in reader:
             if "rasX" in cols:
                 c = (float(r["rasX"]), float(r["rasY"]), float(r["rasZ"]))
             else:
                 c = (-float(r["coordX"]), -float(r["coordY"]), float(r["coordZ"]))
-            out[r[key]].append((*c, float(r["diameter_mm"])))
-    return {k: (np.asarray(v)[:, :3], np.asarray(v)[:, 3]) for k, v in out.items()}
+            out[r[key]].append((*c, float(r["diameter_mm"]), *(float(r[e]) for e in extra)))
+    return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+
+def read_annotations(path: str | os.PathLike, key: str = "ct") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{ct: (centres_ras (M, 3), diameters_mm (M,))}`` from a LUNA16-style annotations CSV."""
+    return {k: (v[:, :3], v[:, 3]) for k, v in _read_rows(path, key).items()}
+
+
+def read_nodule_truth(path: str | os.PathLike, key: str = "ct") -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``{ct: (centres_ras (M, 3), diameters_mm (M,), malignant (M,) bool)}``: annotations with a ``malignant``
+    column (0/1), as the synthetic cohort writes them."""
+    return {k: (v[:, :3], v[:, 3], v[:, 4] > 0.5) for k, v in _read_rows(path, key, ("malignant",)).items()}
 
 
 def evaluate_detector(rows: Sequence[Mapping[str, Any]], annotations: Mapping[str, tuple[np.ndarray, np.ndarray]],

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["LUNA16_FP_RATES", "match_candidates", "froc_curve", "cpm"]
+__all__ = ["LUNA16_FP_RATES", "candidate_hits", "assign_candidates", "match_candidates", "froc_curve", "cpm"]
 
 LUNA16_FP_RATES: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -30,6 +30,25 @@ LUNA16_FP_RATES: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 def _arr(x, shape_tail: tuple[int, ...]) -> np.ndarray:
     a = np.asarray(x if x is not None else np.zeros((0, *shape_tail)), np.float64)
     return a.reshape(-1, *shape_tail)
+
+
+def candidate_hits(pred_world, gt_world, gt_diameter_mm) -> np.ndarray:
+    """``(N, M)`` bool: candidate ``i`` hits nodule ``j`` (centre within the nodule's radius, world mm)."""
+    pw, gw, gd = _arr(pred_world, (3,)), _arr(gt_world, (3,)), _arr(gt_diameter_mm, ())
+    if len(gw) != len(gd):
+        raise ValueError(f"{len(gw)} nodule centres but {len(gd)} diameters")
+    dist = np.sqrt(((pw[:, None, :] - gw[None, :, :]) ** 2).sum(-1))  # (N, M)
+    return dist <= (gd / 2.0)[None, :]
+
+
+def assign_candidates(pred_world, gt_world, gt_diameter_mm) -> np.ndarray:
+    """``(N,)`` index of the nodule each candidate hits (:func:`candidate_hits`; the nearest centre
+    when it hits several), ``-1`` for a false positive."""
+    pw, gw = _arr(pred_world, (3,)), _arr(gt_world, (3,))
+    hits = candidate_hits(pw, gw, gt_diameter_mm)
+    dist = np.sqrt(((pw[:, None, :] - gw[None, :, :]) ** 2).sum(-1))
+    nearest = np.where(hits, dist, np.inf).argmin(axis=1) if hits.shape[1] else np.zeros(len(pw), int)
+    return np.where(hits.any(axis=1), nearest, -1)
 
 
 def match_candidates(pred_world, pred_score, gt_world, gt_diameter_mm):
@@ -46,13 +65,9 @@ def match_candidates(pred_world, pred_score, gt_world, gt_diameter_mm):
         (``-inf`` when none does) and the scores of the false-positive candidates.
     """
     pw, ps = _arr(pred_world, (3,)), _arr(pred_score, ())
-    gw, gd = _arr(gt_world, (3,)), _arr(gt_diameter_mm, ())
     if len(pw) != len(ps):
         raise ValueError(f"{len(pw)} candidate centres but {len(ps)} scores")
-    if len(gw) != len(gd):
-        raise ValueError(f"{len(gw)} nodule centres but {len(gd)} diameters")
-    dist = np.sqrt(((pw[:, None, :] - gw[None, :, :]) ** 2).sum(-1))  # (N, M)
-    hits = dist <= (gd / 2.0)[None, :]
+    hits = candidate_hits(pw, gt_world, gt_diameter_mm)
     nodule_score = np.where(hits, ps[:, None], -np.inf).max(axis=0, initial=-np.inf)
     fp_scores = ps[~hits.any(axis=1)]
     return nodule_score, fp_scores
