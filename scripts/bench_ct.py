@@ -1,7 +1,10 @@
-"""Benchmark: CT preprocessing (load -> lung mask -> crop to the lungs) vs a bare SimpleITK load.
+"""Benchmark: CT preprocessing (load -> lung mask -> crop to the lungs) vs a bare SimpleITK load,
+and the whole per-CT bag path at the full-resolution preset vs the default one.
 
 A 512x512x300 synthetic chest phantom (0.7 x 0.7 x 1.0 mm) is written once as a DICOM series and as
-a NIfTI file. For each format, in a fresh process each (so peak RSS is per task):
+a NIfTI file. Each task runs in a fresh process (so peak RSS is per task).
+
+Stage ``io`` (per format):
 
 * ``sitk``: ``SimpleITK`` reads the same file(s) into a numpy array (the baseline);
 * ``preprocess``: ``lungcal.ct.transforms.preprocess_ct(path, spacing=None)`` (load to RAS HU
@@ -11,7 +14,21 @@ Printed: seconds (best of ``--repeat`` after a warm-up), the time ratio to the b
 <= 5x), and the peak RSS growth over the process's post-import RSS, as a multiple of the float32
 volume size (goal <= 4x).
 
-Usage: ``python scripts/bench_ct.py [--workdir DIR] [--repeat 2] [--threads 2]``
+Stage ``path`` (per format): what ``lungcal.candidates.cache.compute_bag`` does for one CT, step by
+step (load -> preprocess: lung mask, crop, resample, HU window -> candidates: the LoG detector ->
+bag: K patches), at
+
+* ``default``: the CT bundles' bag settings (bundles/nlst_focal.json: 2.5 mm, K = 8, P = 16);
+* ``fullres``: those with the overrides of bundles/fullres.json (1 mm, K = 16, P = 32).
+
+Printed per step: wall seconds (best of ``--repeat`` after a warm-up) and, for the whole path, the
+process CPU seconds (user + sys: what the path costs when the cores are shared; the load average
+is printed too), the peak RSS growth over the post-import RSS as a multiple of the float32 volume,
+and both as ratios to the default path. Goals (issue 17): fullres <= 15 s per CT on 2 cores, peak
+RSS growth <= 4x the float32 volume.
+
+Usage: ``python scripts/bench_ct.py [--workdir DIR] [--repeat 2] [--threads 2] [--stages io,path]
+[--formats dicom,nifti]``
 """
 from __future__ import annotations
 
@@ -29,7 +46,10 @@ import numpy as np
 import SimpleITK as sitk
 import torch
 
-from lungcal.ct.transforms import preprocess_ct
+from lungcal.candidates.bags import extract_bag
+from lungcal.candidates.cache import BagParams
+from lungcal.ct.io import load_ct
+from lungcal.ct.transforms import build_preprocess, preprocess_ct
 from lungcal.data.synthetic import (
     Nodule,
     ScannerProfile,
@@ -41,6 +61,16 @@ from lungcal.data.synthetic import (
 
 SHAPE = (512, 512, 300)
 SPACING = (0.7, 0.7, 1.0)
+BUNDLES = Path(__file__).resolve().parent.parent / "bundles"
+BAG_KEYS = ("spacing", "hu_window", "k", "patch_size")
+
+
+def bag_params(preset: str) -> BagParams:
+    """The bag settings of bundles/nlst_focal.json, with bundles/fullres.json's overrides for ``fullres``."""
+    cfg = json.loads((BUNDLES / "nlst_focal.json").read_text())
+    if preset == "fullres":
+        cfg.update(json.loads((BUNDLES / "fullres.json").read_text()))
+    return BagParams(**{k: tuple(cfg[k]) if isinstance(cfg[k], list) else cfg[k] for k in BAG_KEYS})
 
 
 def _rss_mb() -> float:
@@ -53,12 +83,49 @@ def _current_rss_mb() -> float:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _path_steps(path: str, params: BagParams) -> dict:
+    """compute_bag's steps for one CT, timed one by one."""
+    kwargs = params.preprocess_kwargs()
+    spacing, window, margin = kwargs.pop("spacing"), kwargs.pop("hu_window"), kwargs.pop("margin_mm")
+    t = {}
+    c0, t0 = _cpu_s(), time.perf_counter()
+    img = load_ct(path)
+    t["load"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    out = build_preprocess(spacing, window, margin, load=False, **kwargs)({"image": img})
+    del img
+    t["preprocess"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    image = out["image"]
+    affine = np.asarray(image.affine, np.float64)
+    cands = params.make_detector().detect(image, out["lung_mask"], np.linalg.norm(affine[:3, :3], axis=0), affine)
+    t["candidates"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    bag, _ = extract_bag(image, cands.top(params.k).voxel, params.k, params.patch_size)
+    t["bag"] = time.perf_counter() - t1
+    t["total"] = time.perf_counter() - t0
+    t["cpu"] = _cpu_s() - c0
+    t["shape"] = list(image.shape[1:]) + [f"bag {tuple(bag.shape)}"]
+    return t
+
+
 def _child(task: str, fmt: str, path: str, repeat: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(threads)
 
     base = _current_rss_mb()
+    if task.startswith("path_"):
+        params = bag_params(task[len("path_"):])
+        runs = [_path_steps(path, params) for _ in range(repeat + 1)]  # the first warms up
+        best = min(runs[1:] or runs, key=lambda r: r["total"])
+        return {"task": task, "format": fmt, **best, "peak_rss_mb": _rss_mb(), "base_rss_mb": base,
+                "loadavg": os.getloadavg()[0]}
 
     def run():
         if task == "sitk":
@@ -83,17 +150,17 @@ def _child(task: str, fmt: str, path: str, repeat: int, threads: int) -> dict:
             "out_shape": list(shape)}
 
 
-def _make_inputs(workdir: Path) -> dict:
-
-
-    dcm, nii = workdir / "dicom", workdir / "ct.nii.gz"
-    if not (dcm.is_dir() and nii.is_file()):
+def _make_inputs(workdir: Path, formats: tuple[str, ...] = ("dicom", "nifti")) -> dict:
+    paths = {"dicom": workdir / "dicom", "nifti": workdir / "ct.nii.gz"}
+    if not all(paths[f].exists() for f in formats):
         rng = np.random.default_rng(0)
         nods = [Nodule((60.0, 10.0, 20.0), 12.0, True, "spiculated", "solid")]
         hu, origin, _ = make_phantom(rng, SHAPE, SPACING, nods, ScannerProfile(noise_hu=25, kernel_sigma_mm=0.5))
-        write_dicom_series(hu, origin, SPACING, dcm, fake_identifiers(rng), rng)
-        _write_nifti(hu, origin, SPACING, nii)
-    return {"dicom": str(dcm), "nifti": str(nii)}
+        if "dicom" in formats and not paths["dicom"].is_dir():
+            write_dicom_series(hu, origin, SPACING, paths["dicom"], fake_identifiers(rng), rng)
+        if "nifti" in formats and not paths["nifti"].is_file():
+            _write_nifti(hu, origin, SPACING, paths["nifti"])
+    return {f: str(paths[f]) for f in formats}
 
 
 def main(argv=None) -> int:
@@ -101,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None, help="where the test volume is written (default: a temp dir)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stages", default="io,path", help="io (load and preprocess vs SimpleITK), path (the bag path)")
+    ap.add_argument("--formats", default="dicom,nifti")
     ap.add_argument("--child", nargs=3, metavar=("TASK", "FORMAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -109,24 +178,46 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_ct_"))
     workdir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    inputs = _make_inputs(workdir)
+    inputs = _make_inputs(workdir, tuple(args.formats.split(",")))
+    stages = args.stages.split(",")
     print(f"test volume {SHAPE} at {SPACING} mm ready in {time.perf_counter() - t:.1f} s ({workdir})")
     vol_mb = SHAPE[0] * SHAPE[1] * SHAPE[2] * 4 / 2**20
-    results = {}
-    for fmt, path in inputs.items():
-        for task in ("sitk", "preprocess", "preprocess_1mm"):
-            out = subprocess.run([sys.executable, __file__, "--repeat", str(args.repeat), "--threads",
-                                  str(args.threads), "--child", task, fmt, path],
-                                 capture_output=True, text=True, check=True)
-            results[(fmt, task)] = json.loads(out.stdout.strip().splitlines()[-1])
+
+    def run(task, fmt, path):
+        out = subprocess.run([sys.executable, __file__, "--repeat", str(args.repeat), "--threads",
+                              str(args.threads), "--child", task, fmt, path],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
     print(f"\nfloat32 volume: {vol_mb:.0f} MiB; threads={args.threads}; best of {args.repeat}")
-    print(f"{'format':<7} {'task':<15} {'seconds':>8} {'x sitk':>7} {'peak RSS growth':>16} {'x vol':>6}  output")
-    for (fmt, task), r in results.items():
-        ratio = r["seconds"] / results[(fmt, "sitk")]["seconds"]
-        growth = r["peak_rss_mb"] - r["base_rss_mb"]
-        print(f"{fmt:<7} {task:<15} {r['seconds']:8.2f} {ratio:7.2f} {growth:13.0f} MiB {growth / vol_mb:6.2f}  "
-              f"{tuple(r['out_shape'])}")
-    print("\ngoals: preprocess time <= 5x the bare SimpleITK load; peak RSS growth <= 4x the float32 volume")
+    if "io" in stages:
+        results = {(fmt, task): run(task, fmt, path) for fmt, path in inputs.items()
+                   for task in ("sitk", "preprocess", "preprocess_1mm")}
+        print(f"{'format':<7} {'task':<15} {'seconds':>8} {'x sitk':>7} {'peak RSS growth':>16} {'x vol':>6}  output")
+        for (fmt, task), r in results.items():
+            ratio = r["seconds"] / results[(fmt, "sitk")]["seconds"]
+            growth = r["peak_rss_mb"] - r["base_rss_mb"]
+            print(f"{fmt:<7} {task:<15} {r['seconds']:8.2f} {ratio:7.2f} {growth:13.0f} MiB {growth / vol_mb:6.2f}  "
+                  f"{tuple(r['out_shape'])}")
+        print("goals: preprocess time <= 5x the bare SimpleITK load; peak RSS growth <= 4x the float32 volume")
+    if "path" in stages:
+        for preset in ("default", "fullres"):
+            p = bag_params(preset)
+            print(f"{preset}: spacing {p.spacing} mm, HU window {p.hu_window}, K = {p.k}, P = {p.patch_size}")
+        print("\nper-CT path (load -> preprocess -> candidates -> bag), wall seconds per step")
+        head = (f"{'format':<7} {'preset':<8} {'load':>6} {'prep':>6} {'cands':>6} {'bag':>5} {'total':>6} "
+                f"{'x def':>6} {'CPU s':>6} {'peak RSS growth':>16} {'x vol':>6} {'x def':>6} {'load avg':>8}  grid")
+        print(head)
+        for fmt, path in inputs.items():
+            res = {preset: run(f"path_{preset}", fmt, path) for preset in ("default", "fullres")}
+            d_growth = res["default"]["peak_rss_mb"] - res["default"]["base_rss_mb"]
+            for preset, r in res.items():
+                growth = r["peak_rss_mb"] - r["base_rss_mb"]
+                print(f"{fmt:<7} {preset:<8} {r['load']:6.2f} {r['preprocess']:6.2f} {r['candidates']:6.2f} "
+                      f"{r['bag']:5.2f} {r['total']:6.2f} {r['total'] / res['default']['total']:6.2f} {r['cpu']:6.2f} "
+                      f"{growth:12.0f} MiB {growth / vol_mb:6.2f} {growth / d_growth:6.2f} {r['loadavg']:8.1f}  "
+                      f"{tuple(r['shape'])}")
+        print("goals (fullres): <= 15 s per CT on 2 cores; peak RSS growth <= 4x the float32 volume")
     return 0
 
 
