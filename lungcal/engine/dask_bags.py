@@ -18,6 +18,7 @@ Tasks go out with ``Client.map`` and come back through ``as_completed``, in any 
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -81,11 +82,13 @@ class DaskRunner:
         self.cluster: LocalCluster | None = None
 
     def __enter__(self) -> DaskRunner:
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # Dask's INFO lines only with lungcal -v
+            logging.getLogger("distributed").setLevel(logging.WARNING)
         if self.kind == "local":
             method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
             with dask.config.set({"distributed.worker.multiprocessing-method": method}):
                 self.cluster = LocalCluster(n_workers=int(self.target), threads_per_worker=1, processes=True,
-                                            dashboard_address=None)
+                                            dashboard_address=None, scheduler_kwargs={"dashboard": False})
             self.client = Client(self.cluster)
         else:
             try:
