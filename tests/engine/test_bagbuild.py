@@ -113,6 +113,24 @@ def test_a_dask_local_cluster_builds_the_same_entries_bit_for_bit(local_build, t
             assert arrays[key].dtype == value.dtype and np.array_equal(arrays[key], value), (name, key)
 
 
+def test_a_running_scheduler_given_by_address_builds_the_same_entries(local_build, tiny_cohort, override, tmp_path,
+                                                                      capsys):
+    distributed = pytest.importorskip("distributed")
+    dask = pytest.importorskip("dask")
+    with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}), \
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     scheduler_kwargs={"dashboard": False}) as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tcp://")
+        assert build(tiny_cohort, tmp_path, "bundles/nlst_focal.json", override,
+                     extra=["--scheduler", address, "--splits", "test"]) == 0
+    assert f"(the Dask scheduler at {address}, 1 worker(s))" in capsys.readouterr().out
+    local, built = entries(local_build), entries(tmp_path)
+    assert len(built) == len([r for r in load_manifest(tiny_cohort) if r["split"] == "test"])
+    for name, arrays in built.items():
+        assert all(np.array_equal(arrays[k], v) for k, v in local[name].items()), name
+
+
 def test_the_series_checks_and_the_bags_are_tasks_of_the_runner(local_build, tiny_cohort, tmp_path):
     class Recording(LocalRunner):
         calls: list = []
