@@ -33,7 +33,9 @@ import matplotlib.pyplot as plt
 import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from lungcal.errors import TrackingError
 from lungcal.paths import default_output_dir
@@ -172,7 +174,7 @@ def redact_uri(uri: str) -> str:
 
 
 def _check_postgresql(uri: str, timeout: float) -> None:
-    """A ``postgresql[+driver]://`` store: its driver is installed and, over TCP, its server answers."""
+    """A ``postgresql[+driver]://`` store: its driver is installed and its database takes a login."""
     shown = redact_uri(uri)
     try:
         url = make_url(uri)
@@ -185,23 +187,27 @@ def _check_postgresql(uri: str, timeout: float) -> None:
     except ImportError as exc:
         raise TrackingError(f"the PostgreSQL driver {dialect.driver!r} is not installed (tracking URI {shown!r})",
                             field="tracking_uri", fix=_TEAM_FIX) from exc
-    host = url.host or ""
-    if not host or host.startswith("/"):
-        return  # a Unix socket (libpq's default): nothing to probe
+    # one real connection, not MLflow's: it retries a refused login or a missing database for minutes
+    engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": max(1, int(timeout))})
     try:
-        socket.create_connection((host, url.port or 5432), timeout=timeout).close()
-    except OSError as exc:
-        raise TrackingError(f"PostgreSQL server {shown!r} does not answer ({exc.strerror or exc})",
+        with engine.connect():
+            pass
+    except Exception as exc:  # noqa: BLE001 - refused, unknown host, no such database, login failed
+        raise TrackingError(f"cannot connect to the PostgreSQL store {shown!r}: {_first_line(exc)}",
                             field="tracking_uri",
-                            fix="start PostgreSQL or check the host and port of the URI") from exc
+                            fix="start PostgreSQL, check host and port, create the database (createdb NAME) "
+                                "and the user's login (~/.pgpass or PGPASSWORD)") from exc
+    finally:
+        engine.dispose()
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     """Refuse, in one line, a store that cannot work: an unknown scheme, or a server that does not answer.
 
-    ``sqlite:///`` gets its folder created; an ``http(s)://`` server, or a ``postgresql://`` server
-    reached over TCP, must accept a connection within ``timeout`` seconds (MLflow's own client would
-    retry for minutes); a ``postgresql://`` store also needs its driver (the ``[team]`` extra).
+    ``sqlite:///`` gets its folder created; an ``http(s)://`` server must accept a TCP connection
+    within ``timeout`` seconds, and a ``postgresql://`` store a login to its database (MLflow's own
+    client would retry either for minutes); a ``postgresql://`` store also needs its driver (the
+    ``[team]`` extra).
 
     Raises:
         TrackingError: naming the URI and the fix.
@@ -234,6 +240,12 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
                                 fix="start the server (mlflow server ...) or check the address and port") from exc
 
 
+def _first_line(exc: BaseException) -> str:
+    """The message of ``exc`` (or of the driver error under it), first line, without a password."""
+    inner = getattr(exc, "orig", None) or exc
+    return redact_uri(str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__)
+
+
 def open_store(uri: str) -> MlflowClient:
     """A client on ``uri`` whose store exists: checked (:func:`check_tracking_uri`), tables created.
 
@@ -244,11 +256,11 @@ def open_store(uri: str) -> MlflowClient:
         TrackingError: the store cannot be opened (naming the URI without its password).
     """
     check_tracking_uri(uri)
-    client = MlflowClient(tracking_uri=uri)
     try:
+        client = MlflowClient(tracking_uri=uri)  # a database store connects here
         client.search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - any backend failure is a tracking error
-        raise TrackingError(f"cannot open MLflow store {redact_uri(uri)!r}: {str(exc).splitlines()[0]}",
+        raise TrackingError(f"cannot open MLflow store {redact_uri(uri)!r}: {_first_line(exc)}",
                             field="tracking_uri",
                             fix="check the path is writable, the database exists and the user may write it") from exc
     return client
