@@ -31,9 +31,10 @@ from tqdm.auto import tqdm
 
 from lungcal.candidates.cache import BagParams, build_entry, row_failure
 from lungcal.ct.masking import LungMasker
+from lungcal.ct.qc import QCReport
 from lungcal.data.manifest import load_manifest, rows_for_split
 from lungcal.engine.cohort import SPLITS, CTCohort
-from lungcal.engine.series_qc import screen_one
+from lungcal.engine.series_qc import log_warnings, screen_one, skipped_table
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime.exit_hook import find_lungcal_error
 
@@ -166,32 +167,44 @@ def bag_tasks(cohort: CTCohort, rows: Sequence[dict]) -> list[tuple]:
     return [(str(r["image"]), params, root, "content", cohort.preprocess) for r in rows]
 
 
-def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLITS, progress: bool = True) -> int:
-    """Run the cohort's series checks of the rows of ``splits`` as ``runner`` tasks: each stores its
-    report in the cohort's QC cache (:func:`~lungcal.engine.series_qc.screen_one`), so the screening in
-    ``cohort.rows()`` then only reads them back. A check that fails to run is left to that screening,
-    which reports it as a training run would. Returns the number of rows checked (0 without ``qc``)."""
-    if cohort.qc is None:
-        return 0
+def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLITS,
+                    progress: bool = True) -> tuple[list[dict], list[QCReport | None] | None]:
+    """The rows of ``splits`` and, when the cohort has ``qc``, their series-check reports, computed as
+    ``runner`` tasks (:func:`~lungcal.engine.series_qc.screen_one`: each stores its report in the
+    cohort's QC cache, where a training run reads it back). Nothing is read here but the datalist:
+    on a cluster no CT is hashed or loaded on the client. A check that cannot run gives ``None``,
+    as an unreadable image does: the bag builder then reports that row."""
     rows = [r for s in splits for r in rows_for_split(load_manifest(cohort.datalist_path()), s)]
+    if cohort.qc is None:
+        return rows, None
     root = cohort.output_dir / "cache" / "qc"
     root.mkdir(parents=True, exist_ok=True)
     masker = cohort.masker or LungMasker()  # what CTCohort._screen keys the reports by
     tasks = [(str(r["image"]), r.get("series_uid") or None, cohort.qc, masker, str(root)) for r in rows]
+    reports: list[QCReport | None] = [None] * len(rows)
     with tqdm(total=len(tasks), desc="series checks", unit="CT", disable=not progress or not tasks) as bar:
-        for _ in runner.run(screen_one, tasks):
+        for i, value, exc in runner.run(screen_one, tasks):
+            if isinstance(exc, ConfigError):  # the same for every row (e.g. a worker's code differs)
+                raise exc
+            reports[i] = value
             bar.update(1)
-    return len(tasks)
+    return rows, reports
 
 
 def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Any = None,
                  progress: bool = True) -> BuildReport:
-    """Build (or verify) the cache entry of every row of ``splits`` on ``runner`` (default: the
-    cohort's ``num_workers`` local processes), the series checks first on the same runner; returns a
-    :class:`BuildReport` (no raise on failures)."""
+    """Build (or verify) the cache entry of every row of ``splits`` that passes the series checks, on
+    ``runner`` (default: the cohort's ``num_workers`` local processes), the checks first on the same
+    runner; the rows a training run would skip are skipped (count and reasons printed, as there).
+    Returns a :class:`BuildReport` (no raise on failures)."""
     runner = runner if runner is not None else LocalRunner(cohort.num_workers)
-    check_series_on(runner, cohort, splits, progress)
-    rows = cohort.rows(splits)
+    rows, reports = check_series_on(runner, cohort, splits, progress)
+    if reports is not None:
+        log_warnings(rows, reports)
+        table = skipped_table(rows, reports)
+        if table:
+            print(table, flush=True)
+        rows = [r for r, rep in zip(rows, reports) if rep is None or not rep.failed]
     tasks = bag_tasks(cohort, rows)
     Path(cohort.cache_dir).mkdir(parents=True, exist_ok=True)
     report = BuildReport(total=len(rows), where=runner.describe())

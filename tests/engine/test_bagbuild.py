@@ -148,6 +148,16 @@ def test_the_series_checks_and_the_bags_are_tasks_of_the_runner(local_build, tin
     assert (report.total, report.built, report.cached, report.failures) == (n, 0, n, [])
 
 
+def test_rows_that_fail_a_series_check_are_skipped_as_training_skips_them(tiny_cohort, tmp_path, capsys):
+    strict = tmp_path / "strict.json"  # the bundle's own series checks: the tiny cohort's 5 mm slices fail them
+    strict.write_text(json.dumps({k: v for k, v in TINY.items() if k != "qc"}))
+    assert build(tiny_cohort, tmp_path, "bundles/nlst_focal.json", strict, extra=["--splits", "test"]) == 0
+    n = len([r for r in load_manifest(tiny_cohort) if r["split"] == "test"])
+    out = capsys.readouterr().out
+    assert f"series checks: {n} of {n} CT(s) skipped" in out and "slice_thickness" in out
+    assert "bags: 0 CT(s): 0 built" in out and not entries(tmp_path)
+
+
 def test_a_scheduler_nobody_answers_is_one_line_naming_it(tiny_cohort, override, tmp_path, capsys):
     pytest.importorskip("distributed")
     with socket.socket() as s:
