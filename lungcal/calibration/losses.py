@@ -266,7 +266,7 @@ def mmce_squared(logits: torch.Tensor, target: torch.Tensor, kernel_width: float
         return (d @ kern @ d) / max(m * m, 1)
     wc, ww = c * (1.0 - r), (1.0 - c) * r  # correct side weighted by 1 - r, incorrect side by r
     nc, nw = (wc.sum(), ww.sum()) if normalize == "weights" else (c.sum(), (1.0 - c).sum())
-    if float(c.sum()) <= 0.0 or float((1.0 - c).sum()) <= 0.0 or float(nc) <= 0.0 or float(nw) <= 0.0:
+    if min(float(c.detach().sum()), float((1.0 - c.detach()).sum()), float(nc.detach()), float(nw.detach())) <= 0.0:
         return logits.sum() * 0.0
     a, b = wc / nc, ww / nw
     return (a @ kern @ a + b @ kern @ b - 2.0 * (a @ kern @ b)).clamp_min(0.0)
