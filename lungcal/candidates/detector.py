@@ -109,13 +109,24 @@ def _as_volume(x) -> np.ndarray:
     return x
 
 
-def _laplacian(g: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+def _laplacian(g: np.ndarray, spacing: np.ndarray, slab: int = 16) -> np.ndarray:
     """Laplacian (per mm^2) of ``g`` by central differences with replicated edges, in float32.
 
-    Two scratch volumes and no padded copy; the arithmetic (``(lo + hi - 2 g) / h^2`` summed over
-    the axes) is the same operation by operation as a padded central difference, so the values are
-    bit-identical to it.
+    Computed in slabs of ``slab`` planes along the first axis (each with a one-plane halo), so the
+    scratch arrays are a few planes, not volumes, and no padded copy is made; the arithmetic
+    (``(lo + hi - 2 g) / h^2`` summed over the axes, in that order) is the same operation by
+    operation as a padded central difference, so the values are bit-identical to it.
     """
+    out = np.empty_like(g)
+    n = g.shape[0]
+    for a in range(0, n, slab):
+        b = min(a + slab, n)
+        a0, b0 = max(a - 1, 0), min(b + 1, n)
+        out[a:b] = _laplacian_block(g[a0:b0], spacing)[a - a0: a - a0 + b - a]
+    return out
+
+
+def _laplacian_block(g: np.ndarray, spacing: np.ndarray) -> np.ndarray:
     out = np.zeros_like(g)
     t = np.empty_like(g)
     two_g = np.multiply(g, np.float32(2))

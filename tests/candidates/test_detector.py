@@ -189,6 +189,7 @@ def test_laplacian_and_neighbourhood_checks_equal_their_padded_and_filtered_form
         lo[axis], hi[axis] = slice(0, -2), slice(2, None)
         ref += (gp[tuple(lo)] + gp[tuple(hi)] - 2 * gp[1:-1, 1:-1, 1:-1]) / np.float32(sp[axis] ** 2)
     assert np.array_equal(_laplacian(g, sp), ref)  # bit-identical, without the padded copy
+    assert np.array_equal(_laplacian(g, sp, slab=2), ref)  # in slabs of 2 planes with their halo
 
     idx = np.argwhere(np.ones(g.shape, bool))
     one = np.ones(3, np.int64)
