@@ -15,8 +15,9 @@ RAS convention after ``Orientationd``).
 :class:`LoGBlobDetector` is the built-in detector: a scale-normalised multi-scale Laplacian of
 Gaussian, computed in physical units (sigmas in mm, converted per axis with the voxel spacing), on
 the lung-masked volume. Nodules are bright blobs in dark parenchyma, so the response is
-``-sigma^2 * LoG``. Peaks are local maxima over space *and* scale (``maximum_filter`` on the
-scale-space stack), inside a slightly dilated lung mask (juxtapleural nodules touch the mask
+``-sigma^2 * LoG``. Peaks are local maxima over space *and* scale (at least every response in their
+3x3x3 neighbourhood at their own and the two neighbouring scales; the scales run one at a time, the
+large ones on block-averaged grids), inside a slightly dilated lung mask (juxtapleural nodules touch the mask
 border or are cut out of a threshold-based mask), followed by a distance-based suppression and a
 top-K by score.
 """
@@ -384,8 +385,8 @@ class LoGBlobDetector:
         """Detect bright blobs inside the (dilated) lung mask.
 
         The scales run one after the other (each keeps the volume, its own smoothed copy and
-        response, and the previous scale's response: about six volumes at most, whatever the
-        number of scales); a voxel is a peak when its response is at least every response in its
+        response, and the previous scale's response: about four volumes and a few planes of
+        scratch, whatever the number of scales); a voxel is a peak when its response is at least every response in its
         3x3x3 neighbourhood at its own scale and the two next to it, evaluated only where the
         response passes ``threshold`` inside the closed mask.
 
