@@ -28,7 +28,7 @@ and both as ratios to the default path. Goals (issue 17): fullres <= 15 s per CT
 RSS growth <= 4x the float32 volume.
 
 Usage: ``python scripts/bench_ct.py [--workdir DIR] [--repeat 2] [--threads 2] [--stages io,path]
-[--formats dicom,nifti]``
+[--formats dicom,nifti] [--image CT]`` (``--image``: the path stage on that CT instead of the phantom)
 """
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ def _path_steps(path: str, params: BagParams) -> dict:
     c0, t0 = _cpu_s(), time.perf_counter()
     img = load_ct(path)
     t["load"] = time.perf_counter() - t0
+    t["native_mb"] = img.numel() * 4 / 2**20
     t1 = time.perf_counter()
     out = build_preprocess(spacing, window, margin, load=False, **kwargs)({"image": img})
     del img
@@ -170,6 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--stages", default="io,path", help="io (load and preprocess vs SimpleITK), path (the bag path)")
     ap.add_argument("--formats", default="dicom,nifti")
+    ap.add_argument("--image", default=None, help="stage path on this CT (file or DICOM folder) instead of the phantom")
     ap.add_argument("--child", nargs=3, metavar=("TASK", "FORMAT", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -178,7 +180,7 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_ct_"))
     workdir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    inputs = _make_inputs(workdir, tuple(args.formats.split(",")))
+    inputs = {"image": args.image} if args.image else _make_inputs(workdir, tuple(args.formats.split(",")))
     stages = args.stages.split(",")
     print(f"test volume {SHAPE} at {SPACING} mm ready in {time.perf_counter() - t:.1f} s ({workdir})")
     vol_mb = SHAPE[0] * SHAPE[1] * SHAPE[2] * 4 / 2**20
@@ -211,8 +213,11 @@ def main(argv=None) -> int:
         for fmt, path in inputs.items():
             res = {preset: run(f"path_{preset}", fmt, path) for preset in ("default", "fullres")}
             d_growth = res["default"]["peak_rss_mb"] - res["default"]["base_rss_mb"]
+            if args.image:
+                print(f"(--image: x vol is against its own float32 volume, {res['default']['native_mb']:.0f} MiB)")
             for preset, r in res.items():
                 growth = r["peak_rss_mb"] - r["base_rss_mb"]
+                vol_mb = r["native_mb"]
                 print(f"{fmt:<7} {preset:<8} {r['load']:6.2f} {r['preprocess']:6.2f} {r['candidates']:6.2f} "
                       f"{r['bag']:5.2f} {r['total']:6.2f} {r['total'] / res['default']['total']:6.2f} {r['cpu']:6.2f} "
                       f"{growth:12.0f} MiB {growth / vol_mb:6.2f} {growth / d_growth:6.2f} {r['loadavg']:8.1f}  "
