@@ -164,6 +164,7 @@ def main() -> int:
                         "method": "mmce"}
     t0 = time.perf_counter()
     if a.jobs > 1 and len(todo) > 1:  # both trainings at once, one process each
+        MlflowClient(tracking_uri).search_experiments()  # create the store first: two first openings race
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_bundle_run, args=(a.bundle, o)) for o in todo.values()]
         for pr in procs:
