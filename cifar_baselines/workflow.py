@@ -78,8 +78,8 @@ from lungcal.tracking import (
     default_tracking_uri,
 )
 
-__all__ = ["SITE", "SPLIT_KEYS", "follow_epochs", "log_split", "load_stage1", "trainable_head", "Stage1Model",
-           "Stage1Run", "LASRun"]
+__all__ = ["SITE", "SPLIT_KEYS", "follow_epochs", "log_split", "load_stage1", "require_one_process",
+           "trainable_head", "Stage1Model", "Stage1Run", "LASRun"]
 
 SITE = "cifar"  # value of the lungcal.site tag for CIFAR runs (no hospital site involved)
 #: the stage-1 settings a LAS run reuses so that its splits are the stage-1 splits
@@ -111,8 +111,16 @@ def log_split(tracker: RunTracker, split: str, logits: torch.Tensor, labels: tor
     return report
 
 
+def require_one_process() -> None:
+    """LAS (stage 2) runs in one process: under ``torchrun`` (``multi_gpu.json``) a one-line ``ConfigError``."""
+    if world_size() > 1:
+        raise ConfigError("LAS (stage 2) runs in one process", field="config_file",
+                          fix="run the LAS bundle without multi_gpu.json and torchrun")
+
+
 def trainable_head(network: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Freeze every parameter of ``network`` but its ``head``'s; return the head's (the LAS optimiser's)."""
+    require_one_process()  # the LAS bundle builds its optimiser (this) before its run step
     for p in network.parameters():
         p.requires_grad_(False)
     params = list(network.head.parameters())
@@ -345,9 +353,7 @@ class LASRun(_TrackedRun):
 
     def __init__(self, *, stage1: Stage1Model, shift_bn: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if self.world_size > 1:
-            raise ConfigError("LAS (stage 2) runs in one process", field="config_file",
-                              fix="run the LAS bundle without multi_gpu.json and torchrun")
+        require_one_process()
         self.stage1, self.shift_bn = stage1, shift_bn
         self.dataset = str(stage1.settings.get("dataset", "cifar10"))
 

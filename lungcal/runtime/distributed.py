@@ -37,8 +37,8 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.utils.data import DistributedSampler, Sampler
 
-import lungcal.runtime.exit_hook  # noqa: F401  (a ConfigError raised in ``initialize`` ends in one line)
 from lungcal.errors import ConfigError
+from lungcal.runtime import exit_hook  # a ConfigError raised in ``initialize`` ends in one line
 from lungcal.runtime.device import resolve_device
 
 __all__ = ["LAUNCH", "ENV", "is_distributed", "world_size", "rank", "is_rank_zero", "local_device", "train_shard",
@@ -124,6 +124,9 @@ def init_process_group(device: str | torch.device | None = "auto", timeout_min: 
         torch.cuda.set_device(dev)
     dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo",
                             timeout=datetime.timedelta(minutes=float(timeout_min)))
+    # torch's excepthook (rank-prefixed tracebacks) captures stderr while the previous hook runs, so the
+    # lungcal one (one line, exit 2) goes on top again: its line reaches the console
+    exit_hook.install()
     if rank() > 0:
         logging.disable(logging.WARNING)  # one console: rank 0's
     return world_size()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -27,7 +28,8 @@ def worker(rank: int, port: int, out: str) -> None:
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     D.init_process_group("cpu")
-    result: dict = {"backend": dist.get_backend(), "world_size": D.world_size(), "rank": D.rank()}
+    result: dict = {"backend": dist.get_backend(), "world_size": D.world_size(), "rank": D.rank(),
+                    "lungcal_hook_on_top": getattr(sys.excepthook, "lungcal_exit_hook", False)}
     cases = list(range(N_CASES))
     val = list(D.eval_shard(cases))
     train = D.train_shard(cases, seed=3)

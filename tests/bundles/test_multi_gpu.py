@@ -69,6 +69,8 @@ def test_two_gloo_ranks_shard_gather_and_share_the_resume_state(tmp_path):
     mp.spawn(ddp_workers.worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert (r0["backend"], r0["world_size"], r1["rank"]) == ("gloo", 2, 1)
+    # torch's rank-prefixing excepthook would swallow the one-line error: lungcal's is put back on top
+    assert r0["lungcal_hook_on_top"] and r1["lungcal_hook_on_top"]
     # validation: each case in exactly one shard, no padding; training: equal shards (DDP steps in lockstep)
     assert sorted(r0["val"] + r1["val"]) == list(range(ddp_workers.N_CASES))
     assert len(r0["train"]) == len(r1["train"]) == 4 and set(r0["train"] + r1["train"]) == set(range(7))
