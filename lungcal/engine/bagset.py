@@ -24,10 +24,12 @@ def random_orientation(bag: torch.Tensor, generator: torch.Generator, permute: b
 def random_noise(bag: torch.Tensor, generator: torch.Generator, max_std: float) -> torch.Tensor:
     """Additive Gaussian noise of a random strength ``U(0, max_std)`` (window units) on a bag, clipped to [0, 1].
 
-    A scanner's noise level varies with dose, kernel and slice thickness, and the model must not read
-    cancer into it: trained at one site's noise only, the default model called almost every CT of a
-    noisier site cancer (the two-site test, docs/hospital.md). The strength is drawn per bag, so the
-    network sees the whole range; the clip is the HU window's, as for a real noisier scan.
+    A scanner's noise level varies with dose, kernel and slice thickness. The strength is drawn per
+    bag, so the network sees the whole range; the clip is the HU window's, as for a real noisier
+    scan. Off in the shipped bundles (``augment_noise_hu: 0``): on the two-site test it did not
+    stop the default model from calling almost every CT of the other scanner cancer (B's AUC 0.518
+    with it, 0.557 without; docs/results.md, "Hospital: two synthetic sites"), so the cause there
+    is not the noise, and its effect on the headline is unmeasured.
     """
     std = float(torch.rand((), generator=generator)) * float(max_std)
     noise = torch.randn(bag.shape, generator=generator, dtype=bag.dtype)
