@@ -131,14 +131,26 @@ def refuse_failed(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport 
                         fix=first.fix or "remove this CT from the inputs (lungcal qc shows every check)")
 
 
+#: above this many warnings, one summary line per check is logged (each CT's line goes to DEBUG)
+MAX_WARNING_LINES = 10
+
+
 def log_warnings(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport | None]) -> int:
-    """Log each warning with the row's pseudonym; return how many there were."""
-    n = 0
-    for i, (row, rep) in enumerate(zip(rows, reports)):
-        for c in rep.warnings if rep is not None else ():
-            logger.warning("series check %s warns for %s: %s (%s)", c.name, _pseudonym(row, i), c.reason, c.value)
-            n += 1
-    return n
+    """Log each warning with the row's pseudonym, or, when there are more than
+    :data:`MAX_WARNING_LINES`, one line per check (count and first case; a site whose every scan has
+    3 mm slices gets one line, not one per CT); return how many there were."""
+    found = [(c, _pseudonym(row, i)) for i, (row, rep) in enumerate(zip(rows, reports))
+             for c in (rep.warnings if rep is not None else ())]
+    many = len(found) > MAX_WARNING_LINES
+    for c, who in found:
+        logger.log(logging.DEBUG if many else logging.WARNING, "series check %s warns for %s: %s (%s)",
+                   c.name, who, c.reason, c.value)
+    if many:
+        for name, n in Counter(c.name for c, _ in found).most_common():
+            c, who = next((c, w) for c, w in found if c.name == name)
+            logger.warning("series check %s warns for %d of %d CT(s) (first: %s: %s (%s)); qc.csv and "
+                           "`lungcal qc` list each", name, n, len(rows), who, c.reason, c.value)
+    return len(found)
 
 
 # --------------------------------------------------------------------------------------------

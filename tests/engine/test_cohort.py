@@ -17,7 +17,7 @@ from monai.bundle import ConfigParser
 from lungcal.candidates.cache import BagCache, BagParams, masker_config, masker_from_config
 from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.ct.masking import LungMasker
-from lungcal.ct.qc import QCConfig
+from lungcal.ct.qc import QCCheck, QCConfig, QCReport
 from lungcal.ct.transforms import build_preprocess
 from lungcal.data.synthetic import make_cohort
 from lungcal.engine import series_qc
@@ -172,3 +172,18 @@ def test_a_plugged_in_masker_is_keyed_by_its_settings_and_scoring_cannot_rebuild
         stand_in(None, None)
     with pytest.raises(ConfigError, match="cannot rebuild"):
         masker_from_config(key)
+
+
+def test_many_warnings_are_one_line_per_check_with_count_and_first_case(caplog):
+    rows = [{"subject": f"s{i:03d}", "image": f"/site/patient_{i}.nii.gz"} for i in range(30)]
+    thick = QCCheck("slice_thickness", "warn", "3.00 mm", "slices of 3.0 mm are thicker than 2.5 mm")
+    reports = [QCReport([thick]) for _ in rows[:25]] + [None] * 5
+    with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
+        assert series_qc.log_warnings(rows, reports) == 25
+    assert len(caplog.records) == 1
+    assert "slice_thickness warns for 25 of 30 CT(s) (first: s000" in caplog.text and "patient_" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
+        assert series_qc.log_warnings(rows[:3], reports[:3]) == 3  # few: each CT on its own line
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        f"series check slice_thickness warns for s00{i}" for i in range(3)]
