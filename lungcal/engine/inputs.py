@@ -84,6 +84,16 @@ def input_rows(path: str | os.PathLike, field: str = "inputs") -> list[dict[str,
     return _datalist_rows(path, field)
 
 
+def resolve_image(image: Any, datalist: Path, row: int) -> Path:
+    """A datalist row's ``image`` as an existing path; a relative one resolves against the datalist's folder."""
+    p = Path(str(image)).expanduser()
+    p = p if p.is_absolute() else datalist.parent.absolute() / p
+    if not p.exists():
+        raise DataError(f"image not found: {p}", file=datalist, row=row, field="image",
+                        fix="fix the path (relative paths resolve against the datalist's folder) or drop the row")
+    return p
+
+
 def _datalist_rows(path: Path, field: str) -> list[dict[str, Any]]:
     try:
         doc = json.loads(path.read_text())
@@ -99,11 +109,7 @@ def _datalist_rows(path: Path, field: str) -> list[dict[str, Any]]:
         image = r.get("image") if isinstance(r, dict) else None
         if not image:
             raise DataError("a datalist row has no 'image'", file=path, row=i, field="image", fix=_FIX)
-        p = Path(str(image)).expanduser()
-        p = p if p.is_absolute() else path.parent.absolute() / p
-        if not p.exists():
-            raise DataError(f"image not found: {p}", file=path, row=i, field="image",
-                            fix="fix the path (relative paths resolve against the datalist's folder) or drop the row")
+        p = resolve_image(image, path, i)
         subject = str(r.get("subject") or "")
         if not subject or subjects[subject] > 1:  # several CTs of one subject: their CT key
             subject = str(r.get("ct") or f"ct{i:04d}")

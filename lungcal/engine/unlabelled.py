@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from lungcal.engine.inputs import resolve_image
 from lungcal.errors import DataError
 
 __all__ = ["CT_SUFFIXES", "unlabelled_rows"]
@@ -51,10 +52,5 @@ def unlabelled_rows(path: str | os.PathLike) -> list[dict]:
         image = r.get("image") if isinstance(r, dict) else None
         if not image:
             raise DataError("a row has no 'image'", file=path, row=i, field="image", fix=fix)
-        p = Path(str(image)).expanduser()
-        p = p if p.is_absolute() else path.parent.absolute() / p
-        if not p.exists():
-            raise DataError(f"image not found: {p}", file=path, row=i, field="image",
-                            fix="fix the path (relative paths resolve against the datalist's folder) or drop the row")
-        out.append(_row(p, i))
+        out.append(_row(resolve_image(image, path, i), i))
     return out
