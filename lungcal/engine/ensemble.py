@@ -50,6 +50,7 @@ from lungcal.engine.cohort import resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split
 from lungcal.engine.posthoc import run_post_hoc
 from lungcal.engine.predict import ensemble_uncertainty, predict_uncertainty
+from lungcal.engine.stage1 import PRIVATE_KEYS
 from lungcal.engine.summary import summary_lines
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
@@ -68,9 +69,6 @@ from lungcal.tracking import (
 )
 
 __all__ = ["EnsembleRun", "check_compatible"]
-
-#: bundle keys never logged as they are (paths may carry identifiers)
-_PRIVATE = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint", "init_checkpoint")
 
 
 def check_compatible(members: Sequence[Mapping[str, Any]]) -> None:
@@ -169,7 +167,7 @@ class EnsembleRun:
         return step
 
     def params(self) -> dict[str, Any]:
-        p = {k: v for k, v in hyperparameters(self.config).items() if k not in _PRIVATE}
+        p = {k: v for k, v in hyperparameters(self.config).items() if k not in PRIVATE_KEYS}
         p.update(method=self.method, post_hoc=self.post_hoc, ensemble_members=self.members,
                  member_seeds=[self.seed + i for i in range(self.members)], averaging="probabilities",
                  post_hoc_on="log of the averaged probabilities")
