@@ -34,7 +34,7 @@ from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCReport
 from lungcal.data.manifest import load_manifest, rows_for_split
 from lungcal.engine.cohort import SPLITS, CTCohort
-from lungcal.engine.series_qc import log_warnings, screen_one, skipped_table
+from lungcal.engine.series_qc import keep_passing, screen_one
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime.exit_hook import find_lungcal_error
 
@@ -200,11 +200,7 @@ def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Any =
     runner = runner if runner is not None else LocalRunner(cohort.num_workers)
     rows, reports = check_series_on(runner, cohort, splits, progress)
     if reports is not None:
-        log_warnings(rows, reports)
-        table = skipped_table(rows, reports)
-        if table:
-            print(table, flush=True)
-        rows = [r for r, rep in zip(rows, reports) if rep is None or not rep.failed]
+        rows, _ = keep_passing(rows, reports)
     tasks = bag_tasks(cohort, rows)
     Path(cohort.cache_dir).mkdir(parents=True, exist_ok=True)
     report = BuildReport(total=len(rows), where=runner.describe())

@@ -37,7 +37,7 @@ from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.data.synthetic import ensure_demo_cohort
 from lungcal.engine.bagset import BagSet
 from lungcal.engine.bagstream import stream_split
-from lungcal.engine.series_qc import log_warnings, qc_csv_rows, screen, skipped_table, write_qc_csv
+from lungcal.engine.series_qc import keep_passing, qc_csv_rows, screen, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
 from lungcal.runtime.distributed import is_rank_zero, rank_zero_first
@@ -188,13 +188,8 @@ class CTCohort:
         reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=self.masker or LungMasker(),
                          num_workers=self.num_workers, progress=is_rank_zero())
         self.qc_rows = qc_csv_rows(rows, reports)
-        log_warnings(rows, reports)
-        table = skipped_table(rows, reports)
-        if table and is_rank_zero():
-            print(table, flush=True)
-        keep = [rep is None or not rep.failed for rep in reports]
-        self.skipped = [str(r.get("subject", "")) for r, k in zip(rows, keep) if not k]
-        return [r for r, k in zip(rows, keep) if k]
+        kept, self.skipped = keep_passing(rows, reports, show=is_rank_zero())
+        return kept
 
     def log_qc(self, tracker: Any) -> None:
         """Log ``qc.csv`` (pseudonym, check, verdict, value) to ``tracker``'s run, when the CTs were checked."""

@@ -51,7 +51,7 @@ from lungcal.engine.posthoc import no_signal
 from lungcal.engine.predict import predict
 from lungcal.engine.recalibrate_summary import format_summary
 from lungcal.engine.scoring import REFERRAL_METRIC, referral_threshold
-from lungcal.engine.series_qc import log_warnings, screen, skipped_table
+from lungcal.engine.series_qc import keep_passing, screen
 from lungcal.engine.site_calibrator import PRIOR, PriorAdjusted, calibrated_probs, reference_calibrator
 from lungcal.engine.unlabelled import unlabelled_rows
 from lungcal.errors import ConfigError, DataError
@@ -130,16 +130,11 @@ def _screen(rows: list[dict], bag_params, qc: QCConfig | None, out_dir: Path, nu
     stored = BagParams.from_any(bag_params).preprocess.get("masker")  # None: the default masker
     reports = screen(rows, qc, out_dir / "cache" / "qc", masker=masker_from_config(stored) if stored else None,
                      num_workers=num_workers)
-    log_warnings(rows, reports)
-    table = skipped_table(rows, reports)
-    if table:
-        print(f"{what}:\n{table}", flush=True)
-    keep = [rep is None or not rep.failed for rep in reports]
-    kept = [r for r, k in zip(rows, keep) if k]
+    kept, skipped = keep_passing(rows, reports, title=what)
     if not kept:
         raise DataError(f"every {what} CT fails a series check", field="--datalist",
                         fix="run `lungcal qc` on the site's CTs to see why (--no-qc scores them anyway)")
-    return kept, [str(r.get("subject", "")) for r, k in zip(rows, keep) if not k]
+    return kept, skipped
 
 
 def _predict(net, rows, bag_params, cache_dir: Path, num_workers: int, batch_size: int = 16) -> dict[str, Any]:

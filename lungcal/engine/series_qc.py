@@ -99,6 +99,20 @@ def skipped_table(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport 
     return "\n".join(lines)
 
 
+def keep_passing(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport | None], title: str | None = None,
+                 show: bool = True) -> tuple[list[Any], list[str]]:
+    """What training, ``build-bags`` and ``recalibrate`` do with the reports: log the warnings, print
+    the skipped table (under ``title`` when given; only when ``show``), and split the rows into those
+    that failed no check and the pseudonyms of those that failed one."""
+    log_warnings(rows, reports)
+    table = skipped_table(rows, reports)
+    if table and show:
+        print(f"{title}:\n{table}" if title else table, flush=True)
+    keep = [rep is None or not rep.failed for rep in reports]
+    return ([r for r, k in zip(rows, keep) if k],
+            [str(r.get("subject", "")) for r, k in zip(rows, keep) if not k])
+
+
 def qc_csv_rows(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport | None]) -> list[dict[str, str]]:
     """``pseudonym, check, verdict, value`` per check of every checked row (no paths, no reasons)."""
     out = []
