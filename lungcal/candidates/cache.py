@@ -52,7 +52,8 @@ from filelock import FileLock
 from tqdm.auto import tqdm
 
 from lungcal.candidates.bags import extract_bag
-from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.candidates.detector import LoGBlobDetector, _as_volume
+from lungcal.ct.kernel import check_max_sigma, draw_kernel_sigma, soften
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.transforms import DEFAULT_HU_WINDOW, preprocess_ct
 from lungcal.ct.transforms import __file__ as _ct_transforms_file
@@ -81,6 +82,10 @@ class BagParams:
         detector: keyword arguments of :class:`LoGBlobDetector` (defaults filled in).
         preprocess: extra keyword arguments passed through to ``preprocess_ct``; a ``masker`` is
             keyed by its settings (:func:`masker_config`), and only when it is not the default.
+        kernel_aug_mm: training bags only: the largest extra Gaussian width (mm; one number or
+            one per axis) of the scanner-kernel augmentation (:mod:`lungcal.ct.kernel`): the CT is
+            softened by a width drawn once per CT (seeded by its cache key) before the detector
+            runs. None or 0 (the default) leaves the CT as read; part of the key only when set.
     """
 
     spacing: tuple[float, float, float] = (2.5, 2.5, 2.5)
@@ -90,6 +95,7 @@ class BagParams:
     patch_size: int = 16
     detector: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Mapping[str, Any] = field(default_factory=dict)
+    kernel_aug_mm: Sequence[float] | float | None = None
 
     @classmethod
     def from_any(cls, params: BagParams | Mapping[str, Any] | None) -> BagParams:
@@ -119,7 +125,12 @@ class BagParams:
             raise ConfigError(f"k={self.k} and patch_size={self.patch_size} must be >= 1", field="bag_params",
                               fix="set positive k and patch_size")
         det = dataclasses.asdict(self.make_detector())
-        return {
+        try:
+            kernel = check_max_sigma(self.kernel_aug_mm)
+        except ValueError as e:
+            raise ConfigError(str(e), field="augment_kernel_mm",
+                              fix="use 0 (off) or the largest extra blur in mm, e.g. [1.2, 1.2, 1.6]") from e
+        out = {
             "spacing": [float(s) for s in self.spacing],
             "hu_window": [float(h) for h in self.hu_window],
             "margin_mm": float(self.margin_mm),
@@ -128,6 +139,9 @@ class BagParams:
             "detector": {"class": "LoGBlobDetector", **{k: _jsonable(v) for k, v in det.items()}},
             "preprocess": {k: _jsonable(v) for k, v in sorted(dict(self.preprocess).items())},
         }
+        if kernel is not None:
+            out["kernel_aug_mm"] = kernel
+        return out
 
     def preprocess_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``preprocess_ct``; a masker stored by its config becomes the masker again."""
@@ -333,10 +347,12 @@ class BagCache:
 
 
 def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
-                preprocess: Callable[..., Mapping[str, Any]] | None = None) -> dict[str, np.ndarray]:
+                preprocess: Callable[..., Mapping[str, Any]] | None = None,
+                seed: int | None = None) -> dict[str, np.ndarray]:
     """Preprocess one CT, detect candidates and extract its bag (no caching).
 
-    Returns a cache entry (see the module docstring).
+    ``seed``: the scanner-kernel augmentation's draw for this CT (``params.kernel_aug_mm``; default:
+    from the hash of the source). Returns a cache entry (see the module docstring).
     """
     params = BagParams.from_any(params)
     resolved = params.resolved()
@@ -345,6 +361,12 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
     affine = np.asarray(image.affine.detach().cpu().numpy() if hasattr(image.affine, "detach") else image.affine,
                         np.float64) if hasattr(image, "affine") else np.eye(4)
     spacing = np.linalg.norm(affine[:3, :3], axis=0)
+    if "kernel_aug_mm" in resolved:
+        if seed is None:
+            seed = int(hash_source(source)[:15], 16)
+        sigma = draw_kernel_sigma(resolved["kernel_aug_mm"], seed)
+        image = soften(_as_volume(image), sigma, spacing)
+        resolved = {**resolved, "kernel_sigma_mm": [round(float(v), 6) for v in sigma]}
     cands = params.make_detector().detect(image, lung, spacing, affine)
     top = cands.top(params.k)
     bag, mask = extract_bag(image, top.voxel, params.k, params.patch_size)
@@ -364,7 +386,7 @@ def build_entry(source: str, params: BagParams, root: str, source_mode: str = "c
 
     def build():
         built.append(True)
-        return compute_bag(source, params, preprocess)
+        return compute_bag(source, params, preprocess, seed=int(key[:15], 16))
 
     return str(cache.get_or_build(key, build)), bool(built)
 

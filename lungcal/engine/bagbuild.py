@@ -160,11 +160,13 @@ def bag_tasks(cohort: CTCohort, rows: Sequence[dict]) -> list[tuple]:
     """The :func:`build_entry` arguments of each row: exactly what ``cohort.load()`` would build."""
     params = BagParams.from_any(cohort.bag_params)
     params.resolved()  # validate before anything is sent anywhere
+    train = BagParams.from_any(cohort.train_bag_params)  # the train split's (kernel augmentation)
     root = str(cohort.cache_dir)
     for i, r in enumerate(rows):
         if "image" not in r:
             raise DataError("datalist row has no image", row=i, field="image", fix="add the image path")
-    return [(str(r["image"]), params, root, "content", cohort.preprocess) for r in rows]
+    return [(str(r["image"]), train if r.get("split") == "train" else params, root, "content", cohort.preprocess)
+            for r in rows]
 
 
 def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLITS,

@@ -35,7 +35,7 @@ from lungcal.runtime.bundle_config import build_section
 from lungcal.runtime.distributed import plain_state_dict
 from lungcal.tracking import TAG_STAGE2, artifact_checkpoint, find_stage1_run
 
-__all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of",
+__all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of", "kernel_augment_of",
            "Stage1Model", "load_stage1"]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
@@ -77,6 +77,14 @@ def bag_params_of(ck: Mapping[str, Any]) -> dict[str, Any]:
     """The checkpoint's bag parameters (stored as JSON text so that ``weights_only`` loading accepts them)."""
     raw = ck.get("bag_params") or {}
     return json.loads(raw) if isinstance(raw, str) else dict(raw)
+
+
+def kernel_augment_of(ck: Mapping[str, Any]) -> list[float] | None:
+    """The scanner-kernel augmentation the checkpoint's train bags were built with (None: off or
+    an older checkpoint), so that LAS retrains the head on the same train bags."""
+    raw = ck.get("kernel_augment_mm")
+    value = json.loads(raw) if isinstance(raw, str) else raw
+    return None if value is None else [float(v) for v in value]
 
 
 @dataclass

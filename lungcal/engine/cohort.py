@@ -98,13 +98,17 @@ class CTCohort:
             fields): failing CTs are skipped; ``None`` checks nothing.
         stream_bags: read the train split's bags from the cache per item instead of stacking
             them in memory (:func:`lungcal.engine.bagstream.stream_split`).
+        kernel_augment_mm: the scanner-kernel augmentation of the *train* split's bags
+            (:mod:`lungcal.ct.kernel`): the largest extra Gaussian width in mm (one number or one
+            per axis); None or 0 turns it off. Val and test bags, and ``bag_params`` (what a
+            checkpoint stores for inference), never include it.
     """
 
     def __init__(self, datalist: str | None, preprocessing: Callable | None = None, detector: Any = None,
                  spacing: Sequence[float] = (2.5, 2.5, 2.5), hu_window: Sequence[float] = (-1000, 400), k: int = 8,
                  patch_size: int = 16, output_dir: str | os.PathLike | None = None, num_workers: int = 2,
                  demo_subjects: int | None = None, qc: QCConfig | Mapping[str, Any] | None = None,
-                 stream_bags: bool = False) -> None:
+                 stream_bags: bool = False, kernel_augment_mm: Sequence[float] | float | None = None) -> None:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
         if detector is not None and not isinstance(detector, LoGBlobDetector):
@@ -129,6 +133,8 @@ class CTCohort:
             raise ConfigError(f"stream_bags must be true or false, got {stream_bags!r}", field="stream_bags",
                               fix="set stream_bags to true (train bags read from disk) or false (in memory)")
         self.stream_bags = stream_bags
+        self.kernel_augment_mm = kernel_augment_mm
+        self.train_bag_params  # validate now (ConfigError naming augment_kernel_mm), not after the series checks
         self.splits: dict[str, dict[str, Any]] = {}
         self.source, self.digest, self.site = "synthetic", "", "synthetic"
 
@@ -138,6 +144,21 @@ class CTCohort:
         cohort = cls(datalist, **kwargs)
         cohort.bag_params = dict(bag_params)
         return cohort
+
+    @property
+    def train_bag_params(self) -> dict[str, Any]:
+        """The train split's bag parameters: ``bag_params`` plus the kernel augmentation when on."""
+        if self.kernel_augment_mm is None:
+            return dict(self.bag_params)
+        params = {**self.bag_params, "kernel_aug_mm": self.kernel_augment_mm}
+        resolved = BagParams.from_any(params).resolved()
+        if "kernel_aug_mm" not in resolved:  # 0: off
+            return dict(self.bag_params)
+        return {**self.bag_params, "kernel_aug_mm": resolved["kernel_aug_mm"]}
+
+    def params_for(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The bag parameters of one datalist row (its split's)."""
+        return self.train_bag_params if row.get("split") == "train" else self.bag_params
 
     @property
     def isotropic(self) -> bool:
@@ -176,8 +197,13 @@ class CTCohort:
         if all(s in self.splits for s in splits):
             return self
         with rank_zero_first():  # under torchrun rank 0 makes the cohort and the caches, then the others read them
-            built = build_bags(self.rows(splits), self.bag_params, self.cache_dir, num_workers=self.num_workers,
-                               preprocess=self.preprocess, progress=is_rank_zero())
+            rows = self.rows(splits)
+            train = self.train_bag_params
+            groups = [(self.bag_params, [r for r in rows if r.get("split") != "train" or train == self.bag_params]),
+                      (train, [r for r in rows if r.get("split") == "train" and train != self.bag_params])]
+            built = [e for params, group in groups if group
+                     for e in build_bags(group, params, self.cache_dir, num_workers=self.num_workers,
+                                         preprocess=self.preprocess, progress=is_rank_zero())]
         for s in splits:
             entries = [e for e in built if e.get("split") == s]
             self.splits[s] = stream_split(entries) if self.stream_bags and s == "train" else load_split(entries)

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from lungcal.calibration.las import class_counts_from_labels, retrain_head_las
-from lungcal.engine.checkpoint import load_stage1, network_config
+from lungcal.engine.checkpoint import kernel_augment_of, load_stage1, network_config
 from lungcal.engine.cohort import CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.predict import predict
@@ -81,7 +81,8 @@ class LASRun:
         """Load stage 1, retrain the head with LAS on train features, evaluate on test, log a linked run."""
         stage1 = load_stage1(self.stage1_run_id, self.tracking_uri, checkpoint=self.checkpoint, device=self.device)
         cohort = CTCohort.with_bag_params(self.datalist, stage1.bag_params, output_dir=self.output_dir,
-                                          num_workers=self.num_workers, demo_subjects=self.demo_subjects)
+                                          num_workers=self.num_workers, demo_subjects=self.demo_subjects,
+                                          kernel_augment_mm=kernel_augment_of(stage1.checkpoint))
         cohort.load(("train", "test"))
         bs = self.las["batch_size"]
         out = {s: predict(stage1.network, cohort.loader(s, bs), self.device) for s in ("train", "test")}

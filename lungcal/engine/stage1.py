@@ -237,7 +237,9 @@ class Stage1Run:
                         tags=self._tags("none"), run_id=previous, parent_run_id=self.parent_run_id) as tracker:
             ckdir = self.output_dir / "checkpoints" / tracker.run_id
             self.checkpoint.bind(ckdir, extra={"network_def": self.network_def, "method": self.method,
-                                               "bag_params": json.dumps(self.cohort.bag_params)})
+                                               "bag_params": json.dumps(self.cohort.bag_params),
+                                               "kernel_augment_mm": json.dumps(
+                                                   self.cohort.train_bag_params.get("kernel_aug_mm"))})
             self.epoch_logger.bind(StepFilter(tracker.log_metrics, tracker.client, previous))
             params = self.params()
             resumed = state.load()

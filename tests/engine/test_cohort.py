@@ -10,6 +10,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pydicom
 import pytest
 from monai.bundle import ConfigParser
@@ -187,3 +188,38 @@ def test_many_warnings_are_one_line_per_check_with_count_and_first_case(caplog):
         assert series_qc.log_warnings(rows[:3], reports[:3]) == 3  # few: each CT on its own line
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         f"series check slice_thickness warns for s00{i}" for i in range(3)]
+
+
+# --- scanner-kernel augmentation: the train split only --------------------------------------------------------------
+def test_the_kernel_augmentation_softens_train_bags_only_and_stays_out_of_the_stored_bag_params(cut_cohort, tmp_path):
+    path, _ = cut_cohort
+    plain = CTCohort(str(path), output_dir=tmp_path / "plain", num_workers=0, qc=None)
+    aug = CTCohort(str(path), output_dir=tmp_path / "aug", num_workers=0, qc=None, kernel_augment_mm=[3.0, 3.0, 4.0])
+    assert aug.bag_params == plain.bag_params  # what a checkpoint stores for inference
+    assert aug.train_bag_params["kernel_aug_mm"] == [3.0, 3.0, 4.0]
+    assert CTCohort(None, output_dir=tmp_path, kernel_augment_mm=0).train_bag_params == plain.bag_params
+    plain.load(), aug.load()
+    for split in ("val", "test"):
+        assert (aug.splits[split]["bags"] == plain.splits[split]["bags"]).all()
+    a, p = aug.splits["train"], plain.splits["train"]
+    assert [str(s) for s in a["subjects"]] == [str(s) for s in p["subjects"]]
+    assert not np.array_equal(np.asarray(a["bags"]), np.asarray(p["bags"]))
+    # each cache entry records its draw: train entries one width per axis within the maximum, the others none
+    from lungcal.candidates.cache import load_bag
+    metas = [json.loads(str(load_bag(f)["meta"])) for f in sorted((tmp_path / "aug").glob("cache/bags/*.npz"))]
+    widths = [m["params"]["kernel_sigma_mm"] for m in metas if "kernel_sigma_mm" in m["params"]]
+    n_train = len(a["subjects"])
+    assert len(metas) == 6 and len(widths) == n_train > 0
+    for w in widths:
+        frac = np.asarray(w) / [3.0, 3.0, 4.0]
+        assert np.allclose(frac, frac[0], atol=1e-5) and 0 <= frac[0] <= 1
+    with pytest.raises(ConfigError, match="augment_kernel_mm"):
+        CTCohort(None, output_dir=tmp_path, kernel_augment_mm=[-1.0])
+
+
+def test_build_bags_tasks_give_train_rows_the_augmented_parameters(tmp_path):
+    from lungcal.engine.bagbuild import bag_tasks
+    cohort = CTCohort(None, output_dir=tmp_path, kernel_augment_mm=1.5)
+    rows = [{"image": "a.nii.gz", "split": "train"}, {"image": "b.nii.gz", "split": "val"}]
+    (_, train, *_), (_, val, *_) = bag_tasks(cohort, rows)
+    assert train.resolved()["kernel_aug_mm"] == [1.5, 1.5, 1.5] and "kernel_aug_mm" not in val.resolved()
