@@ -18,6 +18,11 @@ Markdown table and writes it to ``--out`` when given.
 
     python scripts/compare_uncertainty.py --members 3 --epochs 30 --output-dir runs/uncertainty
     python scripts/compare_uncertainty.py --parent-run <id> --output-dir runs/uncertainty   # reuse
+
+Under shift (Ovadia et al. 2019: which method degrades least when the scanner changes): with
+``--shift-datalist B.json`` the same models, and the temperatures fitted on the *training site's*
+validation split, are also scored on the test split of another site's datalist (e.g. site B of
+``tests/test_hospital_workflow.py``), in a second table. Nothing is refitted on the shifted site.
 """
 from __future__ import annotations
 
@@ -59,6 +64,8 @@ def _args():
     ap.add_argument("--n-bootstrap", type=int, default=1000)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--shift-datalist", default=None,
+                    help="also score the test split of this datalist (another site), with nothing refitted")
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="any other bundle override, e.g. --set patch_size=8 (repeatable)")
@@ -96,6 +103,56 @@ def _fmt(r: dict, key: str) -> str:
     return f"{r[key]:.3f} [{r[key + '_ci_low']:.3f}, {r[key + '_ci_high']:.3f}]"
 
 
+def _score(nets, loader, device, a) -> dict:
+    """Deterministic passes of every member, MC dropout of member 0, and the ensemble, on one loader."""
+    det, secs = [], []
+    for net in nets:
+        t0 = time.perf_counter()
+        det.append(predict_uncertainty(net, loader, device, mc_samples=0))
+        secs.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    mc = predict_uncertainty(nets[0], loader, device, mc_samples=a.mc_samples, seed=a.seed)
+    t_mc = time.perf_counter() - t0
+    return {"single": det[0], "mc": mc, "ensemble": ensemble_uncertainty(det), "secs": secs, "t_mc": t_mc,
+            "member_probs": [d["probs"] for d in det]}
+
+
+def _table(out: dict, y: np.ndarray, temps: dict, a, n_bins: int, m_count: int, title: str):
+    """The Markdown rows of one test split: each method with and without its validation temperature."""
+    secs, t_mc = out["secs"], out["t_mc"]
+    p_single = out["single"]["probs"]
+    ens_name = f"ensemble of {m_count}"
+    rows = [
+        ("single (member 0)", p_single, None, f"1 model; {secs[0]:.1f} s"),
+        (f"single+TS (T={temps['single']:.2f})", probabilities(out["single"]["logits"], temps["single"]), None,
+         f"1 model; {secs[0]:.1f} s"),
+        (f"MC dropout (T={a.mc_samples} passes)", out["mc"]["probs"], out["mc"]["mi"], f"1 model; {t_mc:.1f} s"),
+        (f"MC dropout+TS (T={temps['mc']:.2f})", probabilities(out["mc"]["logits"], temps["mc"]), out["mc"]["mi"],
+         f"1 model; {t_mc:.1f} s"),
+        (ens_name, out["ensemble"]["probs"], out["ensemble"]["mi"], f"{m_count} models; {sum(secs):.1f} s"),
+        (f"ensemble+TS (T={temps['ensemble']:.2f})", probabilities(out["ensemble"]["logits"], temps["ensemble"]),
+         out["ensemble"]["mi"], f"{m_count} models; {sum(secs):.1f} s"),
+    ]
+    lines = [title, "",
+             "| method | ECE | AUC | NLL | Brier | AURC | mean H | mean MI | ΔECE vs single [95% CI] | "
+             "models; test inference |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    reports = {}
+    for name, p, mi, cost in rows:
+        r = evaluate_probs(p, y, n_bins=n_bins, n_bootstrap=a.n_bootstrap, seed=a.seed)
+        reports[name] = r
+        h = float(np.mean(-(p * np.log(np.where(p > 0, p, 1.0))).sum(1)))
+        mi_s = "-" if mi is None else f"{float(np.mean(mi)):.4f}"
+        if p is p_single:
+            diff = "-"
+        else:
+            d = paired_bootstrap_diff("ece", p, p_single, y, n_bootstrap=a.n_bootstrap, seed=a.seed, n_bins=n_bins)
+            diff = f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+        lines.append(f"| {name} | {_fmt(r, 'ece')} | {_fmt(r, 'auc')} | {r['nll']:.3f} | {r['brier']:.3f} | "
+                     f"{aurc(p, y):.3f} | {h:.3f} | {mi_s} | {diff} | {cost} |")
+    return lines, reports
+
+
 def main() -> int:
     a = _args()
     os.chdir(ROOT)  # the bundle's % macros resolve from the project root
@@ -124,78 +181,37 @@ def main() -> int:
 
     cohort = parser.get_parsed_content("cohort").load(("val", "test"))
     batch_size = int(parser.get_parsed_content("batch_size"))
-    device = resolve_device(a.device)
-    loaders = {s: cohort.loader(s, batch_size) for s in ("val", "test")}
-    labels = {s: cohort.splits[s]["labels"].numpy() for s in ("val", "test")}
-
-    det, secs = [], []
-    for m in members:
-        net = load_stage1(m.info.run_id, tracking_uri, device=device).network
-        out = {}
-        for s in ("val", "test"):
-            t0 = time.perf_counter()
-            out[s] = predict_uncertainty(net, loaders[s], device, mc_samples=0)
-            if s == "test":
-                secs.append(time.perf_counter() - t0)
-        det.append(out)
-    net0 = load_stage1(members[0].info.run_id, tracking_uri, device=device).network
-    mc = {}
-    for s in ("val", "test"):
-        t0 = time.perf_counter()
-        mc[s] = predict_uncertainty(net0, loaders[s], device, mc_samples=a.mc_samples, seed=a.seed)
-        t_mc = time.perf_counter() - t0
-    ens = {s: ensemble_uncertainty([d[s] for d in det]) for s in ("val", "test")}
-
-    def with_ts(rec):
-        cal = make_calibrator("ts").fit(rec["val"]["logits"], labels["val"])
-        t = float(cal.temperature)
-        return probabilities(rec["test"]["logits"], t), t
-
-    p_single = det[0]["test"]["probs"]
-    p_single_ts, t_single = with_ts(det[0])
-    p_mc_ts, t_mc_ts = with_ts(mc)
-    p_ens_ts, t_ens = with_ts(ens)
-    m_count = len(members)
-    ens_name = f"ensemble of {m_count}"
-    rows = [
-        ("single (member 0)", p_single, None, f"1 model; {secs[0]:.1f} s"),
-        (f"single+TS (T={t_single:.2f})", p_single_ts, None, f"1 model; {secs[0]:.1f} s"),
-        (f"MC dropout (T={a.mc_samples} passes)", mc["test"]["probs"], mc["test"]["mi"],
-         f"1 model; {t_mc:.1f} s"),
-        (f"MC dropout+TS (T={t_mc_ts:.2f})", p_mc_ts, mc["test"]["mi"], f"1 model; {t_mc:.1f} s"),
-        (ens_name, ens["test"]["probs"], ens["test"]["mi"], f"{m_count} models; {sum(secs):.1f} s"),
-        (f"ensemble+TS (T={t_ens:.2f})", p_ens_ts, ens["test"]["mi"], f"{m_count} models; {sum(secs):.1f} s"),
-    ]
-    y = labels["test"]
-    n = len(y)
     n_bins = int(parser.get_parsed_content("n_bins"))
-    lines = [f"test split n = {n} ({int(y.sum())} cancers), 95% bootstrap CIs ({a.n_bootstrap} resamples); "
-             f"parent run {parent.info.run_id}",
-             "",
-             "| method | ECE | AUC | NLL | Brier | AURC | mean H | mean MI | ΔECE vs single [95% CI] | "
-             "models; test inference |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    reports = {}
-    for name, p, mi, cost in rows:
-        r = evaluate_probs(p, y, n_bins=n_bins, n_bootstrap=a.n_bootstrap, seed=a.seed)
-        reports[name] = r
-        h = float(np.mean(-(p * np.log(np.where(p > 0, p, 1.0))).sum(1)))
-        mi_s = "-" if mi is None else f"{float(np.mean(mi)):.4f}"
-        if p is p_single:
-            diff = "-"
-        else:
-            d = paired_bootstrap_diff("ece", p, p_single, y, n_bootstrap=a.n_bootstrap, seed=a.seed, n_bins=n_bins)
-            diff = f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-        lines.append(f"| {name} | {_fmt(r, 'ece')} | {_fmt(r, 'auc')} | {r['nll']:.3f} | {r['brier']:.3f} | "
-                     f"{aurc(p, y):.3f} | {h:.3f} | {mi_s} | {diff} | {cost} |")
-    single_aucs = ", ".join(f"{evaluate_probs(d['test']['probs'], y, n_bins=n_bins, n_bootstrap=0)['auc']:.3f}"
-                            for d in det)
+    device = resolve_device(a.device)
+    nets = [load_stage1(m.info.run_id, tracking_uri, device=device).network for m in members]
+    val = _score(nets, cohort.loader("val", batch_size), device, a)
+    y_val = cohort.splits["val"]["labels"].numpy()
+    temps = {k: float(make_calibrator("ts").fit(val[k]["logits"], y_val).temperature)
+             for k in ("single", "mc", "ensemble")}
+    test = _score(nets, cohort.loader("test", batch_size), device, a)
+    y = cohort.splits["test"]["labels"].numpy()
+    lines, reports = _table(test, y, temps, a, n_bins, len(members),
+                            f"test split n = {len(y)} ({int(y.sum())} cancers), 95% bootstrap CIs "
+                            f"({a.n_bootstrap} resamples); parent run {parent.info.run_id}")
+    ens_name = f"ensemble of {len(members)}"
+    single_aucs = ", ".join(f"{evaluate_probs(p, y, n_bins=n_bins, n_bootstrap=0)['auc']:.3f}"
+                            for p in test["member_probs"])
     lines += ["",
               f"members' own test AUC: {single_aucs}; training wall time per member "
               f"{', '.join(f'{s:.0f}' for s in member_train_s)} s"
               + (f" (whole bundle run {t_train:.0f} s)" if t_train else ""),
               f"check: the parent run logged test/ece {parent.data.metrics.get('test/ece', float('nan')):.6f}; "
               f"recomputed here {reports[ens_name]['ece']:.6f}"]
+    if a.shift_datalist:
+        shifted = _parser(a)
+        shifted["datalist"] = str(Path(a.shift_datalist).resolve())
+        site = shifted.get_parsed_content("cohort").load(("test",))
+        out = _score(nets, site.loader("test", batch_size), device, a)
+        y_b = site.splits["test"]["labels"].numpy()
+        table_b, _ = _table(out, y_b, temps, a, n_bins, len(members),
+                            f"shifted site ({site.site}): test split n = {len(y_b)} ({int(y_b.sum())} cancers); "
+                            "models and temperatures from the training site, nothing refitted")
+        lines += ["", *table_b]
     text = "\n".join(lines)
     print(text, flush=True)
     if a.out:

@@ -31,6 +31,11 @@ bags`` only builds the bags (series checks off: every demo phantom passes them).
     python scripts/mil_calibration.py --subset train=300,val=100,test=200 --epochs 60 --jobs 2 --output-dir runs
     python scripts/mil_calibration.py ... --lam 0.5 --base-run ID        # another MMCE weight, same base model
     python scripts/mil_calibration.py ... --base-run ID --mmce-run ID    # evaluate existing runs only
+
+``--shift-datalist B.json`` also scores another site's test split (e.g. site B of
+``tests/test_hospital_workflow.py``, whose ``annotations.csv`` beside the datalist holds its nodule
+truth) with the same models and the temperatures fitted on the training site's validation split:
+which view of calibration survives a scanner change, with nothing refitted.
 """
 from __future__ import annotations
 
@@ -81,6 +86,10 @@ def _args():
     ap.add_argument("--n-bootstrap", type=int, default=1000)
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--shift-datalist", default=None,
+                    help="also score this datalist's test split (another site), nothing refitted")
+    ap.add_argument("--shift-annotations", default=None,
+                    help="its nodule truth (default: annotations.csv beside --shift-datalist)")
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="any other bundle override, e.g. --set patch_size=8 (repeatable)")
@@ -133,6 +142,37 @@ def _run_id(run_name: str, tracking_uri: str) -> str:
 
 def _fmt(r: dict, key: str) -> str:
     return f"{r[key]:.3f} [{r[key + '_ci_low']:.3f}, {r[key + '_ci_high']:.3f}]"
+
+
+def _table(views: dict, y: np.ndarray, split: dict, truth: dict, rows: list, a, n_bins: int, header: str):
+    """Bag- and instance-level rows of one test split (``views``: each model's frozen pooling view)."""
+    inst_y, nodule_of = candidate_truth(split["candidates"], split["subjects"], truth, split["mask"].numpy())
+    p_ref = probabilities(pooled_logits(views["base"], 1.0).detach().numpy(), 1.0)
+    valid = split["mask"].numpy()
+    lines = [f"test split n = {len(y)} CTs ({int(y.sum())} cancers); {int(valid.sum())} candidates, "
+             f"{int(inst_y[valid].sum())} on a malignant nodule; 95% bootstrap CIs ({a.n_bootstrap} resamples); "
+             + header,
+             "",
+             "| method | bag ECE | bag AUC | bag NLL | ΔECE vs none | candidate ECE | candidate AUC | "
+             "nodule ECE | nodule AUC |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rn = None
+    for label, name, t_pool, t_bag in rows:
+        p = probabilities(pooled_logits(views[name], t_pool).detach().numpy(), t_bag)
+        r = evaluate_probs(p, y, n_bins=n_bins, n_bootstrap=a.n_bootstrap, seed=a.seed)
+        if name == "base" and t_pool == 1.0 and t_bag == 1.0:
+            diff = "-"
+        else:
+            d = paired_bootstrap_diff("ece", p, p_ref, y, n_bootstrap=a.n_bootstrap, seed=a.seed, n_bins=n_bins)
+            diff = f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+        pi = instance_probabilities(views[name], t_pool, bag_temperature=t_bag)
+        rc = instance_report(pi, inst_y, valid, view="candidates", n_bins=n_bins, n_bootstrap=a.n_bootstrap,
+                             seed=a.seed)
+        rn = instance_report(pi, inst_y, valid, view="nodules", nodule_of=nodule_of, n_bins=n_bins,
+                             n_bootstrap=a.n_bootstrap, seed=a.seed)
+        lines.append(f"| {label} | {_fmt(r, 'ece')} | {_fmt(r, 'auc')} | {r['nll']:.3f} | {diff} | "
+                     f"{_fmt(rc, 'ece')} | {_fmt(rc, 'auc')} | {_fmt(rn, 'ece')} | {_fmt(rn, 'auc')} |")
+    return lines, rn
 
 
 def main() -> int:
@@ -193,8 +233,6 @@ def main() -> int:
     y = {s: cohort.splits[s]["labels"].numpy() for s in ("val", "test")}
     annotations = Path(a.annotations) if a.annotations else source.parent / "annotations.csv"
     truth = read_nodule_truth(annotations, key="subject")
-    inst_y, nodule_of = candidate_truth(cohort.splits["test"]["candidates"], cohort.splits["test"]["subjects"],
-                                        truth, cohort.splits["test"]["mask"].numpy())
 
     views, fits = {}, {}
     for name, run_id in (("base", base_id), ("mmce", mmce_id)):
@@ -221,39 +259,31 @@ def main() -> int:
         (f"(c) MMCE λ={a.lam:g}", "mmce", 1.0, 1.0),
         (f"(c) MMCE + bag TS, T={ts['mmce']:.2f}", "mmce", 1.0, ts["mmce"]),
     ]
-    p_ref = probabilities(bag_logits("base", "test"), 1.0)
-    n_test = len(y["test"])
-    valid = cohort.splits["test"]["mask"].numpy()
-    n_cand = int(valid.sum())
-    n_mal = int(inst_y[valid].sum())
-    lines = [f"test split n = {n_test} CTs ({int(y['test'].sum())} cancers); {n_cand} candidates, {n_mal} on a "
-             f"malignant nodule; 95% bootstrap CIs ({a.n_bootstrap} resamples); runs base {base_id}, mmce {mmce_id}",
-             "",
-             "| method | bag ECE | bag AUC | bag NLL | ΔECE vs none | candidate ECE | candidate AUC | "
-             "nodule ECE | nodule AUC |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for label, name, t_pool, t_bag in rows:
-        p = probabilities(bag_logits(name, "test", t_pool), t_bag)
-        r = evaluate_probs(p, y["test"], n_bins=n_bins, n_bootstrap=a.n_bootstrap, seed=a.seed)
-        if name == "base" and t_pool == 1.0 and t_bag == 1.0:
-            diff = "-"
-        else:
-            d = paired_bootstrap_diff("ece", p, p_ref, y["test"], n_bootstrap=a.n_bootstrap, seed=a.seed,
-                                      n_bins=n_bins)
-            diff = f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-        pi = instance_probabilities(views[name]["test"], t_pool, bag_temperature=t_bag)
-        rc = instance_report(pi, inst_y, valid, view="candidates", n_bins=n_bins, n_bootstrap=a.n_bootstrap,
-                             seed=a.seed)
-        rn = instance_report(pi, inst_y, valid, view="nodules", nodule_of=nodule_of, n_bins=n_bins,
-                             n_bootstrap=a.n_bootstrap, seed=a.seed)
-        lines.append(f"| {label} | {_fmt(r, 'ece')} | {_fmt(r, 'auc')} | {r['nll']:.3f} | {diff} | "
-                     f"{_fmt(rc, 'ece')} | {_fmt(rc, 'auc')} | {_fmt(rn, 'ece')} | {_fmt(rn, 'auc')} |")
+    test = {n: views[n]["test"] for n in views}
+    lines, rn = _table(test, y["test"], cohort.splits["test"], truth, rows, a, n_bins,
+                       f"runs base {base_id}, mmce {mmce_id}")
     lines += ["", f"detected nodules on the test CTs: {rn['n']} ({rn['n_positive']} malignant); pooling-T fit: "
                   f"{pool.method}, val NLL {pool.nll_before:.4f} -> {pool.nll_after:.4f}"
                   + (" (at its bound)" if pool.at_bound else ""),
               "cost: training " + ", ".join(f"{k} {v:.0f} s" for k, v in train_s.items())
               + f"; one frozen pass over val+test {fits['base_view_s']:.1f} s; fitting bag TS (both models) "
                 f"{fits['ts_s']:.2f} s, pooling T {fits['pool_s']:.2f} s"]
+    if a.shift_datalist:
+        shifted = ConfigParser()
+        shifted.read_config(a.bundle)
+        for k, v in {**overrides, "datalist": str(Path(a.shift_datalist).resolve())}.items():
+            shifted[k] = v
+        site = shifted.get_parsed_content("cohort").load(("test",))
+        shift_truth = read_nodule_truth(Path(a.shift_annotations) if a.shift_annotations
+                                        else Path(a.shift_datalist).parent / "annotations.csv", key="subject")
+        shift_views = {}
+        for name, run_id in (("base", base_id), ("mmce", mmce_id)):
+            net = load_stage1(run_id, tracking_uri, device=device).network
+            shift_views[name] = pooling_view(net, site.loader("test", batch_size), device)
+        table, _ = _table(shift_views, site.splits["test"]["labels"].numpy(), site.splits["test"], shift_truth, rows,
+                          a, n_bins, f"shifted site ({site.site}); models and temperatures from the training site, "
+                                     "nothing refitted")
+        lines += ["", *table]
     text = "\n".join(lines)
     print(text, flush=True)
     if a.out:
