@@ -35,8 +35,8 @@ from lungcal.runtime.bundle_config import build_section
 from lungcal.runtime.distributed import plain_state_dict
 from lungcal.tracking import TAG_STAGE2, artifact_checkpoint, find_stage1_run
 
-__all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of", "kernel_augment_of",
-           "Stage1Model", "load_stage1"]
+__all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of",
+           "kernel_augment_of", "Stage1Model", "load_stage1"]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
 

@@ -134,7 +134,7 @@ class CTCohort:
                               fix="set stream_bags to true (train bags read from disk) or false (in memory)")
         self.stream_bags = stream_bags
         self.kernel_augment_mm = kernel_augment_mm
-        self.train_bag_params  # validate now (ConfigError naming augment_kernel_mm), not after the series checks
+        _ = self.train_bag_params  # validate now (ConfigError naming augment_kernel_mm), not after the series checks
         self.splits: dict[str, dict[str, Any]] = {}
         self.source, self.digest, self.site = "synthetic", "", "synthetic"
 

@@ -15,13 +15,14 @@ import pydicom
 import pytest
 from monai.bundle import ConfigParser
 
-from lungcal.candidates.cache import BagCache, BagParams, masker_config, masker_from_config
+from lungcal.candidates.cache import BagCache, BagParams, load_bag, masker_config, masker_from_config
 from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCCheck, QCConfig, QCReport
 from lungcal.ct.transforms import build_preprocess
 from lungcal.data.synthetic import make_cohort
 from lungcal.engine import series_qc
+from lungcal.engine.bagbuild import bag_tasks
 from lungcal.engine.cohort import CTCohort, chain_masker
 from lungcal.errors import ConfigError, DataError
 
@@ -205,7 +206,6 @@ def test_the_kernel_augmentation_softens_train_bags_only_and_stays_out_of_the_st
     assert [str(s) for s in a["subjects"]] == [str(s) for s in p["subjects"]]
     assert not np.array_equal(np.asarray(a["bags"]), np.asarray(p["bags"]))
     # each cache entry records its draw: train entries one width per axis within the maximum, the others none
-    from lungcal.candidates.cache import load_bag
     metas = [json.loads(str(load_bag(f)["meta"])) for f in sorted((tmp_path / "aug").glob("cache/bags/*.npz"))]
     widths = [m["params"]["kernel_sigma_mm"] for m in metas if "kernel_sigma_mm" in m["params"]]
     n_train = len(a["subjects"])
@@ -218,7 +218,6 @@ def test_the_kernel_augmentation_softens_train_bags_only_and_stays_out_of_the_st
 
 
 def test_build_bags_tasks_give_train_rows_the_augmented_parameters(tmp_path):
-    from lungcal.engine.bagbuild import bag_tasks
     cohort = CTCohort(None, output_dir=tmp_path, kernel_augment_mm=1.5)
     rows = [{"image": "a.nii.gz", "split": "train"}, {"image": "b.nii.gz", "split": "val"}]
     (_, train, *_), (_, val, *_) = bag_tasks(cohort, rows)
