@@ -129,7 +129,7 @@ class BagParams:
             kernel = check_max_sigma(self.kernel_aug_mm)
         except ValueError as e:
             raise ConfigError(str(e), field="augment_kernel_mm",
-                              fix="use 0 (off) or the largest extra blur in mm, e.g. [1.2, 1.2, 1.6]") from e
+                              fix="use 0 (off) or the largest extra blur in mm, e.g. [1.5, 1.5, 2.0]") from e
         out = {
             "spacing": [float(s) for s in self.spacing],
             "hu_window": [float(h) for h in self.hu_window],

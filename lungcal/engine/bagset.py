@@ -29,9 +29,10 @@ def random_noise(bag: torch.Tensor, generator: torch.Generator, max_std: float) 
     scan. Off in the shipped bundles (``augment_noise_hu: 0``): on the two-site test it did not
     stop the default model from calling almost every CT of the other scanner cancer (B's AUC 0.518
     with it, 0.557 without; docs/results.md, "Hospital: two synthetic sites"), so the cause there
-    is not the noise, and its effect on the headline is unmeasured. What did help is the
-    scanner-kernel augmentation of the training CTs before detection (:mod:`lungcal.ct.kernel`,
-    ``augment_kernel_mm``); this noise on top of it lowered B's AUC again (0.514).
+    is not the noise, and its effect on the headline is unmeasured. What moved B's calibration is
+    the scanner-kernel augmentation of the training CTs before detection (:mod:`lungcal.ct.kernel`,
+    ``augment_kernel_mm``, also off: it costs in-domain AUC); this noise on top of it lowered B's
+    AUC again (0.514).
     """
     std = float(torch.rand((), generator=generator)) * float(max_std)
     noise = torch.randn(bag.shape, generator=generator, dtype=bag.dtype)
