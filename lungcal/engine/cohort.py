@@ -156,10 +156,6 @@ class CTCohort:
             return dict(self.bag_params)
         return {**self.bag_params, "kernel_aug_mm": resolved["kernel_aug_mm"]}
 
-    def params_for(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """The bag parameters of one datalist row (its split's)."""
-        return self.train_bag_params if row.get("split") == "train" else self.bag_params
-
     @property
     def isotropic(self) -> bool:
         spacing = np.asarray(self.bag_params["spacing"], float)
@@ -198,9 +194,10 @@ class CTCohort:
             return self
         with rank_zero_first():  # under torchrun rank 0 makes the cohort and the caches, then the others read them
             rows = self.rows(splits)
-            train = self.train_bag_params
-            groups = [(self.bag_params, [r for r in rows if r.get("split") != "train" or train == self.bag_params]),
-                      (train, [r for r in rows if r.get("split") == "train" and train != self.bag_params])]
+            train = self.train_bag_params  # the train split's own entries when the kernel augmentation is on
+            soft = [train != self.bag_params and r.get("split") == "train" for r in rows]
+            groups = [(self.bag_params, [r for r, t in zip(rows, soft) if not t]),
+                      (train, [r for r, t in zip(rows, soft) if t])]
             built = [e for params, group in groups if group
                      for e in build_bags(group, params, self.cache_dir, num_workers=self.num_workers,
                                          preprocess=self.preprocess, progress=is_rank_zero())]
