@@ -60,13 +60,15 @@ def load_split(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     loaded = [load_bag(e["bag"]) for e in entries]
     if not loaded:
         return {"bags": torch.empty(0), "mask": torch.empty(0, dtype=torch.bool),
-                "labels": torch.empty(0, dtype=torch.long), "subjects": [], "candidates": []}
+                "labels": torch.empty(0, dtype=torch.long), "subjects": [], "candidates": [], "images": []}
     return {
         "bags": torch.from_numpy(np.stack([d["bag"] for d in loaded]).astype(np.float32)),
         "mask": torch.from_numpy(np.stack([d["mask"] for d in loaded]).astype(bool)),
         "labels": torch.tensor([int(e.get("label", -1)) for e in entries], dtype=torch.long),
         "subjects": [str(e.get("subject", f"ct{i:04d}")) for i, e in enumerate(entries)],
         "candidates": [{"world": d["world"], "score": d["score"], "radius_mm": d["radius_mm"]} for d in loaded],
+        # the source of each bag (image path, DICOM series), for pictures of the split's CTs; local only
+        "images": [{"image": e.get("image"), "series_uid": e.get("series_uid")} for e in entries],
     }
 
 

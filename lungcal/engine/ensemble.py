@@ -48,6 +48,7 @@ from monai.bundle import ConfigParser
 from lungcal.engine.checkpoint import bag_params_of, load_stage1
 from lungcal.engine.cohort import resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split
+from lungcal.engine.pictures import check_picture_mode
 from lungcal.engine.posthoc import run_post_hoc
 from lungcal.engine.predict import ensemble_uncertainty, predict_uncertainty
 from lungcal.engine.stage1 import PRIVATE_KEYS
@@ -100,13 +101,15 @@ class EnsembleRun:
         member: the bundle id of the member run step (default ``member``).
         config: the bundle config (default: the running bundle's).
         resume: continue an interrupted ensemble run of the same config (default); ``False`` starts afresh.
+        test_pictures: as for :class:`~lungcal.engine.stage1.Stage1Run`, drawn at the ensemble's
+            calibrated probabilities (the members draw none).
     """
 
     def __init__(self, members: int = 5, method: str = "focal", seed: int = 0, post_hoc: Sequence[str] = ("ts",),
                  output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
                  run_name: str | None = None, n_bins: int = 10, n_bootstrap: int = 1000, member: str = "member",
                  config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT,
-                 resume: bool = True) -> None:
+                 resume: bool = True, test_pictures: str = "gallery") -> None:
         if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or int(members) < 2:
             raise ConfigError(f"ensemble_members must be an integer >= 2, got {members!r}", field="ensemble_members",
                               fix="set ensemble_members to the number of members, e.g. 5 (the default)")
@@ -123,6 +126,7 @@ class EnsembleRun:
                               field=self.member, fix='add "member": "%bundles/ct_common.json#workflow" to the bundle')
         self.experiment = experiment
         self.resume = as_bool(resume, "resume")
+        self.test_pictures = check_picture_mode(test_pictures)
         self.result: dict[str, Any] = {}
 
     def record_path(self):
@@ -164,6 +168,7 @@ class EnsembleRun:
         step = parser.get_parsed_content(self.member)
         step.parent_run_id = parent_run_id
         step.extra_tags = {**getattr(step, "extra_tags", {}), TAG_ENSEMBLE: "member"}
+        step.test_pictures = "none"  # the parent's reference run draws the ensemble's pictures
         return step
 
     def params(self) -> dict[str, Any]:
@@ -240,7 +245,7 @@ class EnsembleRun:
                             test_logits=ens["test"]["logits"], test=test, test_attention=ens["test"]["attention"],
                             n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed,
                             tracking_uri=self.tracking_uri, workdir=workdir, title=f"{self.method} ensemble",
-                            experiment=self.experiment)
+                            experiment=self.experiment, test_pictures=self.test_pictures)
         record.unlink(missing_ok=True)
         self.result = {"parent_run_id": parent_id, "member_run_ids": [m["run_id"] for m in members],
                        "test": rep_test, "predictions": ens, "post_hoc": {r["name"]: r for r in post},

@@ -26,14 +26,12 @@ from typing import Any
 
 import numpy as np
 from mlflow.tracking import MlflowClient
-from tqdm.auto import tqdm
 
 from lungcal.candidates.cache import BagParams, masker_from_config
-from lungcal.ct.io import load_ct
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import resolve_output_dir
 from lungcal.engine.inputs import CT_SUFFIXES, KEY_FILE, input_rows, write_key
-from lungcal.engine.pictures import gallery_selection, write_case_picture
+from lungcal.engine.pictures import gallery_selection, write_pictures
 from lungcal.engine.predict import predict
 from lungcal.engine.scoring import ReferralRule, answer_line, case_record, score_rows, write_outputs
 from lungcal.engine.series_qc import log_warnings, qc_csv_rows, refuse_failed, screen, write_qc_csv
@@ -212,6 +210,4 @@ class InferenceRun:
         return exp.name if exp is not None else CT_EXPERIMENT
 
     def _pictures(self, rows: list[dict], cases: list[dict]) -> None:
-        for row, case in tqdm(list(zip(rows, cases)), desc="pictures", unit="CT", disable=len(rows) < 2):
-            image = load_ct(row["image"], series_uid=row.get("series_uid"))
-            write_case_picture(self.output / "cases" / f"{case['pseudonym']}.png", image, case)
+        write_pictures(rows, cases, self.output / "cases")

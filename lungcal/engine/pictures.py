@@ -31,12 +31,18 @@ from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Ellipse, Rectangle
+from tqdm.auto import tqdm
 
-from lungcal.engine.scoring import position_text
+from lungcal.ct.io import load_ct
+from lungcal.engine.scoring import ReferralRule, case_record, position_text
+from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write
 
-__all__ = ["LUNG_WINDOW", "CANDIDATE_COLOURS", "case_figure", "write_case_picture",
-           "gallery_selection"]
+__all__ = ["LUNG_WINDOW", "CANDIDATE_COLOURS", "PICTURE_MODES", "case_figure", "write_case_picture",
+           "gallery_selection", "check_picture_mode", "write_pictures", "log_split_pictures"]
+
+#: ``test_pictures`` of the stage-1 bundles: which CTs of the test split get a picture
+PICTURE_MODES = ("gallery", "all", "none")
 
 #: display window in HU (level -600, width 1500)
 LUNG_WINDOW = (-1350.0, 150.0)
@@ -127,7 +133,10 @@ def _probability_panel(ax, case: Mapping[str, Any]) -> None:
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.axis("off")
-    ax.text(0.0, 1.0, str(case.get("pseudonym", "")), fontsize=13, color="0.35", va="top", transform=ax.transAxes)
+    head = str(case.get("pseudonym", ""))
+    if case.get("label") is not None:  # a labelled split (stage-1 test): the known outcome beside the call
+        head += f"   known outcome: {'cancer' if int(case['label']) == 1 else 'no cancer'}"
+    ax.text(0.0, 1.0, head, fontsize=13, color="0.35", va="top", transform=ax.transAxes)
     ax.text(0.0, 0.86, f"p(cancer) = {p:.2f}", fontsize=24, fontweight="bold", va="top", transform=ax.transAxes)
     lo, hi = unc.get("interval") or (None, None)
     spread = (f"interval {lo:.2f}-{hi:.2f} ({unc.get('method', 'samples')}, {unc.get('samples', 0)} samples)"
@@ -272,3 +281,53 @@ def gallery_selection(cases: Sequence[Mapping[str, Any]], n: int = 3) -> dict[st
     return {"highest_probability": [c["pseudonym"] for c in high],
             "lowest_probability": [c["pseudonym"] for c in low],
             "referred": [c["pseudonym"] for c in referred[:n]]}
+
+
+def check_picture_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`PICTURE_MODES`, else a ``ConfigError`` naming the fix."""
+    if mode not in PICTURE_MODES:
+        raise ConfigError(f"test_pictures must be one of {', '.join(PICTURE_MODES)}, got {mode!r}",
+                          field="test_pictures", fix="use gallery (the default), all or none")
+    return str(mode)
+
+
+def write_pictures(sources: Sequence[Mapping[str, Any]], cases: Sequence[Mapping[str, Any]],
+                   folder: str | os.PathLike, progress: bool = True) -> list[Path]:
+    """Read each CT (``sources[i]``: ``image``, optional ``series_uid``) and write ``<folder>/<pseudonym>.png``
+    of ``cases[i]``, with a progress bar."""
+    folder = Path(folder)
+    out = []
+    pairs = list(zip(sources, cases))
+    for src, case in tqdm(pairs, desc="pictures", unit="CT", disable=not progress or len(pairs) < 2):
+        image = load_ct(src["image"], series_uid=src.get("series_uid"))
+        out.append(write_case_picture(folder / f"{case['pseudonym']}.png", image, case))
+    return out
+
+
+def log_split_pictures(tracker, split: Mapping[str, Any], probs, attention, *, rule: ReferralRule, calibrator: str,
+                       folder: str | os.PathLike, mode: str = "gallery", top_k: int = 3) -> dict[str, list[str]]:
+    """Pictures of a labelled split's CTs (a stage-1 run's test split) and its gallery in ``tracker``'s run.
+
+    ``split``: the cohort split (``subjects``, ``labels``, ``candidates``, ``images``); ``probs`` its
+    calibrated ``(N, 2)`` probabilities, ``attention`` ``(N, K)``. ``mode`` (bundle key
+    ``test_pictures``): ``gallery`` draws only the CTs of :func:`gallery_selection` (at most nine:
+    about 3 s each), ``all`` draws every CT into ``folder`` (a 1500-CT test split: over an hour) and
+    logs the same gallery, ``none`` draws nothing. Each picture shows the known outcome beside the
+    call. The gallery is logged as ``gallery/<group>/<pseudonym>.png``; returns it.
+    """
+    if check_picture_mode(mode) == "none" or not len(split["subjects"]):
+        return {}
+    p = np.asarray(probs, dtype=np.float64)
+    scores = {"subjects": list(split["subjects"]), "probs": p if p.ndim == 2 else np.stack([1 - p, p], 1),
+              "attention": np.asarray(attention), "candidates": split["candidates"], "member_probs": None}
+    labels = np.asarray(split["labels"]).reshape(-1)
+    cases = [case_record(scores, i, rule, calibrator=calibrator, top_k=top_k, label=int(labels[i]))
+             for i in range(len(scores["subjects"]))]
+    gallery = gallery_selection(cases)
+    index = {c["pseudonym"]: i for i, c in enumerate(cases)}
+    wanted = range(len(cases)) if mode == "all" else sorted({index[n] for names in gallery.values() for n in names})
+    write_pictures([split["images"][i] for i in wanted], [cases[i] for i in wanted], folder)
+    for group, names in gallery.items():
+        for name in names:
+            tracker.log_artifact(Path(folder) / f"{name}.png", f"gallery/{group}")
+    return gallery

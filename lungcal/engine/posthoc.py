@@ -29,7 +29,8 @@ import torch
 
 from lungcal.calibration.scaling import fit_warnings, make_calibrator
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-from lungcal.engine.scoring import REFERRAL_METRIC, referral_threshold
+from lungcal.engine.pictures import log_split_pictures
+from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
 from lungcal.engine.site_calibrator import calibrated_probs
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import CT_EXPERIMENT, TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, add_run_metrics
@@ -55,15 +56,21 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
                  params: Mapping[str, Any], val_logits: torch.Tensor, val_labels: torch.Tensor,
                  test_logits: torch.Tensor, test: Mapping[str, Any], test_attention: torch.Tensor, n_bins: int,
                  n_bootstrap: int, seed: int, tracking_uri: str, workdir: Path, title: str,
-                 experiment: str = CT_EXPERIMENT, train_labels=None) -> list[PostHocResult]:
-    """Fit each calibrator of ``names`` on validation, evaluate on test, log a linked run per calibrator."""
+                 experiment: str = CT_EXPERIMENT, train_labels=None,
+                 test_pictures: str = "none") -> list[PostHocResult]:
+    """Fit each calibrator of ``names`` on validation, evaluate on test, log a linked run per calibrator.
+
+    ``test_pictures`` (:data:`lungcal.engine.pictures.PICTURE_MODES`): the first calibrator's run
+    (the reference one, which inference applies) gets the per-CT pictures of the test split at its
+    calibrated probabilities and referral rule, and their gallery (:func:`log_split_pictures`).
+    """
     results = []
     source_prior = prevalence(val_labels)
     priors = {"val/prevalence": source_prior}
     if train_labels is not None:
         priors["train/prevalence"] = prevalence(train_labels)
     add_run_metrics(tracking_uri, stage1_run_id, priors)
-    for name in names:
+    for n_done, name in enumerate(names):
         calibrator = make_calibrator(name).fit(val_logits, val_labels)
         warnings = no_signal(fit_warnings(calibrator, val_logits, val_labels))
         temperature = float(calibrator.temperature) if name == "ts" else None
@@ -75,8 +82,9 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
         with RunTracker(experiment, f"{run_name}+{name}", tracking_uri=tracking_uri,
                         tags={**tags(name), TAG_CALIBRATOR: name}, parent_run_id=stage1_run_id) as tracker:
             tracker.log_params({**params, "stage2": name, "fit_split": "val"})
+            threshold = referral_threshold(calibrated_probs(calibrator, val_logits.numpy()))
             tracker.log_metrics({"source_prior": source_prior,  # the referral rule inference applies
-                                 REFERRAL_METRIC: referral_threshold(calibrated_probs(calibrator, val_logits.numpy()))})
+                                 REFERRAL_METRIC: threshold})
             if warnings:
                 tracker.set_tags({TAG_FIT_WARNING: "; ".join(warnings)})
             info = {"calibrator": name, "fit_split": "val", "stage1_run": stage1_run_id, "source_prior": source_prior,
@@ -88,6 +96,9 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
             log_split(tracker, "test", probs, test["labels"], report, n_bins=n_bins, subjects=test["subjects"],
                       attention=test_attention, candidates=test["candidates"], workdir=workdir / name,
                       title=f"{title}+{name.upper()}")
+            if n_done == 0:
+                log_split_pictures(tracker, test, probs, test_attention, rule=ReferralRule.from_threshold(threshold),
+                                   calibrator=name, folder=workdir / name / "cases", mode=test_pictures)
             state = atomic_write_text(workdir / name / f"{name}.json", calibrator.to_json())
             tracker.log_artifact(state, "calibrator")
             if temperature is not None:

@@ -111,7 +111,11 @@ class ReferralRule:
     @classmethod
     def from_run(cls, run) -> ReferralRule:
         """The validation rule stored on a calibrator run, or no rule."""
-        t = None if run is None else run.data.metrics.get(REFERRAL_METRIC)
+        return cls.from_threshold(None if run is None else run.data.metrics.get(REFERRAL_METRIC))
+
+    @classmethod
+    def from_threshold(cls, t: float | None) -> ReferralRule:
+        """The rule of a validation threshold (:func:`referral_threshold`), or no rule when ``t`` is None or nan."""
         if t is None or not math.isfinite(float(t)):
             return cls(None)
         return cls(float(t), "validation", REFERRAL_COVERAGE)
@@ -180,8 +184,12 @@ def _lps(ras: Sequence[float]) -> list[float]:
 
 
 def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibrator: str, top_k: int = 3,
-                model: Mapping[str, Any] | None = None, qc=None) -> dict[str, Any]:
-    """The record of CT ``i`` of :func:`score_rows` (see the module doc)."""
+                model: Mapping[str, Any] | None = None, qc=None, label: int | None = None) -> dict[str, Any]:
+    """The record of CT ``i`` of :func:`score_rows` (see the module doc).
+
+    ``label``: the known outcome (1 cancer, 0 none) of a CT of a labelled split (a stage-1 run's test
+    split); recorded as ``"label"`` and shown on the picture. New patients have none: the key is left out.
+    """
     p1 = float(scores["probs"][i, 1])
     conf = float(confidence(p1))
     members = scores.get("member_probs")
@@ -194,7 +202,7 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
               "lps_mm": [round(v, 2) for v in _lps(c["world"][j])],
               "radius_mm": round(float(c["radius_mm"][j]), 2), "detector_score": float(c["score"][j])}
              for r, j in enumerate(order)]
-    return {
+    record = {
         "pseudonym": scores["subjects"][i],
         "probability": p1,
         "confidence": conf,
@@ -209,6 +217,9 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
         "coordinates": "ras_mm: RAS world mm (x to the patient's right, y anterior, z superior); "
                        "lps_mm: DICOM patient coordinates (x to the left, y posterior, z superior)",
     }
+    if label is not None:
+        record["label"] = int(label)
+    return record
 
 
 def write_outputs(folder: str | os.PathLike, scores: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],

@@ -39,6 +39,7 @@ from lungcal.engine.checkpoint import load_stage1
 from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
 from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
 from lungcal.engine.handlers import AtomicCheckpoint, EpochMetricsLogger
+from lungcal.engine.pictures import check_picture_mode
 from lungcal.engine.posthoc import run_post_hoc
 from lungcal.engine.predict import check_mc_samples, predict, predict_uncertainty
 from lungcal.engine.summary import summary_lines
@@ -103,6 +104,9 @@ class Stage1Run:
             ``log`` of the validation MC mean. A network without dropout is a ``ConfigError``.
         parent_run_id: nest this run under that MLflow run (an ensemble's parent run).
         extra_tags: more tags for the stage-1 run (not its post-hoc runs), e.g. ``lungcal.ensemble``.
+        test_pictures: per-CT pictures of the test split in the reference calibrator's run
+            (:func:`lungcal.engine.pictures.log_split_pictures`): ``gallery`` (default; at most nine
+            CTs, the gallery logged), ``all`` (every test CT) or ``none``.
     """
 
     def __init__(self, network: nn.Module, trainer, cohort: CTCohort, checkpoint: AtomicCheckpoint,
@@ -113,7 +117,7 @@ class Stage1Run:
                  config: Mapping[str, Any] | None = None, experiment: str = CT_EXPERIMENT, lr_scheduler=None,
                  resume: bool = True, init_run_id: str | None = None, init_checkpoint: str | None = None,
                  freeze_encoder: bool = False, mc_samples: int = 0, parent_run_id: str | None = None,
-                 extra_tags: Mapping[str, str] | None = None) -> None:
+                 extra_tags: Mapping[str, str] | None = None, test_pictures: str = "gallery") -> None:
         if int(epochs) < 1:
             raise ConfigError(f"epochs must be >= 1, got {epochs}", field="epochs", fix="set epochs to 1 or more")
         self.network, self.trainer, self.cohort = network, trainer, cohort
@@ -148,6 +152,7 @@ class Stage1Run:
         self.mc_samples = check_mc_samples(network, mc_samples)
         self.parent_run_id = parent_run_id or None
         self.extra_tags = {str(k): str(v) for k, v in (extra_tags or {}).items()}
+        self.test_pictures = check_picture_mode(test_pictures)
         self.result: dict[str, Any] = {}
 
     def identity(self) -> str:
@@ -280,7 +285,8 @@ class Stage1Run:
                             test_logits=out["test"]["logits"], test=test, test_attention=out["test"]["attention"],
                             n_bins=self.n_bins, n_bootstrap=self.n_bootstrap, seed=self.seed,
                             tracking_uri=self.tracking_uri, workdir=ckdir / "eval", title=self.method,
-                            experiment=self.experiment, train_labels=self.cohort.splits["train"]["labels"])
+                            experiment=self.experiment, train_labels=self.cohort.splits["train"]["labels"],
+                            test_pictures=self.test_pictures)
         self.result = {"stage1_run_id": stage1_id, "test": rep_test, "checkpoint": str(self.checkpoint.best_path),
                        "post_hoc": {r["name"]: r for r in post}, "resumed_from_epoch": resumed,
                        "predictions": out, "network_def": self.network_def, "bag_params": self.cohort.bag_params}

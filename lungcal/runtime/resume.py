@@ -51,7 +51,7 @@ __all__ = ["IDENTITY_EXCLUDE", "as_bool", "run_identity", "require_writable", "g
 logger = logging.getLogger(__name__)
 
 #: config keys that do not change what a run computes: they are left out of its identity
-IDENTITY_EXCLUDE = ("run_name", "output_dir", "tracking_uri", "resume", "output", "_meta_", "_comment")
+IDENTITY_EXCLUDE = ("run_name", "output_dir", "tracking_uri", "resume", "output", "test_pictures", "_meta_", "_comment")
 _PREFIX = "resume"
 #: the run-identity locks this process holds (``<output_dir>/resume/<identity>.lock``)
 _HELD: dict[str, FileLock] = {}

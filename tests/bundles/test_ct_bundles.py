@@ -20,6 +20,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from monai.bundle import ckpt_export, run
 
+from lungcal.data.manifest import load_manifest
 from lungcal.engine.checkpoint import load_stage1
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
@@ -129,6 +130,13 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     assert ts.data.metrics["temperature"] > 0
     arts = {a.path for a in client.list_artifacts(s1.info.run_id)}
     assert {"plots", "predictions", "config", "model", "checkpoint"} <= arts
+    # the reference (TS) run holds the test split's gallery, drawn at its calibrated probabilities
+    shown = {g.path.split("/")[1]: [a.path for a in client.list_artifacts(ts.info.run_id, g.path)]
+             for g in client.list_artifacts(ts.info.run_id, "gallery")}
+    assert set(shown) <= {"highest_probability", "lowest_probability", "referred"} and shown
+    assert all(p.endswith(".png") for paths in shown.values() for p in paths)
+    test_cts = {row["subject"] for row in load_manifest(tiny_cohort) if row["split"] == "test"}
+    assert {Path(p).stem for paths in shown.values() for p in paths} <= test_cts
     params = s1.data.params
     assert params["datalist.source"] == "synthetic" and params["epochs"] == "1" and params["method"] == method
     assert params["network_def._target_"] == "lungcal.mil.LogSumExpMIL" and params["network_def.attn_dim"] == "64"

@@ -27,7 +27,14 @@ from PIL import Image
 from lungcal.calibration.scaling import PlattScaler
 from lungcal.cli import main
 from lungcal.engine.inference import InferenceRun
-from lungcal.engine.pictures import _patch, _plane, case_figure, gallery_selection
+from lungcal.engine.pictures import (
+    _patch,
+    _plane,
+    case_figure,
+    check_picture_mode,
+    gallery_selection,
+    log_split_pictures,
+)
 from lungcal.engine.predict import predict
 from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
 from lungcal.engine.site_calibrator import calibrated_probs, reference_calibrator
@@ -314,3 +321,43 @@ def test_gallery_groups_and_a_figure_without_candidates():
                        "uncertainty": {"interval": None}, "referral": {"refer": None, "threshold": None}})
     fig.canvas.draw()
     assert tuple(int(v) for v in fig.canvas.get_width_height()) == PNG_SIZE
+
+
+def test_split_pictures_draw_the_gallery_cases_with_their_known_outcome(tmp_path):
+    """The stage-1 test split's pictures: only the gallery's CTs in ``gallery`` mode, every CT in
+    ``all``, each case record carrying the label; an unknown mode is a one-line ConfigError."""
+    images = []
+    for i in range(5):
+        path = tmp_path / f"ct{i}.nii.gz"
+        img = sitk.GetImageFromArray(np.full((12, 20, 20), -800.0, np.float32))
+        img.SetSpacing((5.0, 5.0, 5.0))
+        sitk.WriteImage(img, str(path))
+        images.append({"image": str(path), "series_uid": None})
+    cand = {"world": np.array([[10.0, 10.0, 10.0]]), "score": np.array([1.0]), "radius_mm": np.array([4.0])}
+    split = {"subjects": [f"S{i}" for i in range(5)], "labels": torch.tensor([1, 0, 1, 0, 0]),
+             "candidates": [cand] * 5, "images": images}
+    p1 = np.array([0.95, 0.05, 0.55, 0.5, 0.2])
+    logged = []
+
+    class Tracker:
+        def log_artifact(self, path, artifact_path=None):
+            logged.append((Path(path), artifact_path))
+
+    rule = ReferralRule.from_threshold(0.6)
+    gallery = log_split_pictures(Tracker(), split, np.stack([1 - p1, p1], 1), np.ones((5, 1)), rule=rule,
+                                 calibrator="ts", folder=tmp_path / "g", mode="gallery")
+    assert gallery["referred"] == ["S3", "S2"]  # confidence 0.5 and 0.55 < 0.6, least confident first
+    assert gallery["highest_probability"] == ["S0", "S4", "S1"]  # the three kept, most probable first
+    shown = {n for names in gallery.values() for n in names}
+    assert {p.stem for p in (tmp_path / "g").glob("*.png")} == shown
+    assert {(p.stem, a) for p, a in logged} == {(n, f"gallery/{g}") for g, names in gallery.items() for n in names}
+    with Image.open(tmp_path / "g" / "S0.png") as im:
+        assert im.size == PNG_SIZE
+    log_split_pictures(Tracker(), split, p1, np.ones((5, 1)), rule=rule, calibrator="ts", folder=tmp_path / "all",
+                       mode="all")
+    assert len(list((tmp_path / "all").glob("*.png"))) == 5
+    assert log_split_pictures(Tracker(), split, p1, np.ones((5, 1)), rule=rule, calibrator="ts",
+                              folder=tmp_path / "none", mode="none") == {}
+    assert not (tmp_path / "none").exists()
+    with pytest.raises(ConfigError, match="test_pictures"):
+        check_picture_mode("every")
