@@ -311,7 +311,7 @@ def log_split_pictures(tracker, split: Mapping[str, Any], probs, attention, *, r
     ``split``: the cohort split (``subjects``, ``labels``, ``candidates``, ``images``); ``probs`` its
     calibrated ``(N, 2)`` probabilities, ``attention`` ``(N, K)``. ``mode`` (bundle key
     ``test_pictures``): ``gallery`` draws only the CTs of :func:`gallery_selection` (at most nine:
-    about 3 s each), ``all`` draws every CT into ``folder`` (a 1500-CT test split: over an hour) and
+    1-3 s each), ``all`` draws every CT into ``folder`` (a 1500-CT test split: 25 minutes to an hour) and
     logs the same gallery, ``none`` draws nothing. Each picture shows the known outcome beside the
     call. The gallery is logged as ``gallery/<group>/<pseudonym>.png``; returns it.
     """

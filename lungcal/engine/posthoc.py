@@ -60,8 +60,9 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
                  test_pictures: str = "none") -> list[PostHocResult]:
     """Fit each calibrator of ``names`` on validation, evaluate on test, log a linked run per calibrator.
 
-    ``test_pictures`` (:data:`lungcal.engine.pictures.PICTURE_MODES`): the first calibrator's run
-    (the reference one, which inference applies) gets the per-CT pictures of the test split at its
+    ``test_pictures`` (:data:`lungcal.engine.pictures.PICTURE_MODES`): the reference calibrator's
+    run (``ts`` when listed, else the first, as :func:`~lungcal.engine.site_calibrator.reference_calibrator`
+    prefers it; the one inference applies) gets the per-CT pictures of the test split at its
     calibrated probabilities and referral rule, and their gallery (:func:`log_split_pictures`).
     """
     results = []
@@ -70,7 +71,8 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
     if train_labels is not None:
         priors["train/prevalence"] = prevalence(train_labels)
     add_run_metrics(tracking_uri, stage1_run_id, priors)
-    for n_done, name in enumerate(names):
+    reference = "ts" if "ts" in names else (names[0] if names else None)
+    for name in names:
         calibrator = make_calibrator(name).fit(val_logits, val_labels)
         warnings = no_signal(fit_warnings(calibrator, val_logits, val_labels))
         temperature = float(calibrator.temperature) if name == "ts" else None
@@ -96,7 +98,7 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
             log_split(tracker, "test", probs, test["labels"], report, n_bins=n_bins, subjects=test["subjects"],
                       attention=test_attention, candidates=test["candidates"], workdir=workdir / name,
                       title=f"{title}+{name.upper()}")
-            if n_done == 0:
+            if name == reference:
                 log_split_pictures(tracker, test, probs, test_attention, rule=ReferralRule.from_threshold(threshold),
                                    calibrator=name, folder=workdir / name / "cases", mode=test_pictures)
             state = atomic_write_text(workdir / name / f"{name}.json", calibrator.to_json())
