@@ -86,6 +86,15 @@ class BagParams:
             one per axis) of the scanner-kernel augmentation (:mod:`lungcal.ct.kernel`): the CT is
             softened by a width drawn once per CT (seeded by its cache key) before the detector
             runs. None or 0 (the default) leaves the CT as read; part of the key only when set.
+        harmonize_mm: every bag (train, val, test, inference): the Gaussian width (mm; one number
+            or one per axis) that smooths each resampled CT before the detector runs and the patches
+            are cut, so that scans from sharp and soft reconstruction kernels meet the detector and
+            the model at a closer resolution (:func:`lungcal.ct.kernel.soften`; widths add in
+            quadrature, so a common extra blur shrinks the kernels' relative difference). The CT
+            bundles' key ``harmonize_mm`` (shipped 0: off; measured in docs/results.md, "Resolution
+            harmonization"). None or 0 (also the default here, so that bag parameters stored
+            before it existed keep their meaning) leaves the CT as read; part of the key only when
+            set.
     """
 
     spacing: tuple[float, float, float] = (2.5, 2.5, 2.5)
@@ -96,6 +105,7 @@ class BagParams:
     detector: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Mapping[str, Any] = field(default_factory=dict)
     kernel_aug_mm: Sequence[float] | float | None = None
+    harmonize_mm: Sequence[float] | float | None = None
 
     @classmethod
     def from_any(cls, params: BagParams | Mapping[str, Any] | None) -> BagParams:
@@ -139,8 +149,15 @@ class BagParams:
             "detector": {"class": "LoGBlobDetector", **{k: _jsonable(v) for k, v in det.items()}},
             "preprocess": {k: _jsonable(v) for k, v in sorted(dict(self.preprocess).items())},
         }
+        try:
+            harmonize = check_max_sigma(self.harmonize_mm)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("max_sigma_mm", "harmonize_mm"), field="harmonize_mm",
+                              fix="use 0 (off) or the smoothing width in mm, e.g. 1.5 (the bundles' default)") from e
         if kernel is not None:
             out["kernel_aug_mm"] = kernel
+        if harmonize is not None:
+            out["harmonize_mm"] = harmonize
         return out
 
     def preprocess_kwargs(self) -> dict[str, Any]:
@@ -361,6 +378,8 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
     affine = np.asarray(image.affine.detach().cpu().numpy() if hasattr(image.affine, "detach") else image.affine,
                         np.float64) if hasattr(image, "affine") else np.eye(4)
     spacing = np.linalg.norm(affine[:3, :3], axis=0)
+    if "harmonize_mm" in resolved:
+        image = soften(_as_volume(image), resolved["harmonize_mm"], spacing)
     if "kernel_aug_mm" in resolved:
         if seed is None:
             seed = int(hash_source(source)[:15], 16)

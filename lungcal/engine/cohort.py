@@ -104,13 +104,18 @@ class CTCohort:
             (:mod:`lungcal.ct.kernel`): the largest extra Gaussian width in mm (one number or one
             per axis); None or 0 turns it off. Val and test bags, and ``bag_params`` (what a
             checkpoint stores for inference), never include it.
+        harmonize_mm: the resolution harmonization of *every* bag (``BagParams.harmonize_mm``): each
+            resampled CT is smoothed by this Gaussian width (mm) before detection and patches, so
+            sharp- and soft-kernel scans look alike; it goes into ``bag_params``, so inference and
+            recalibration rebuild a checkpoint's bags the same way. None or 0 turns it off.
     """
 
     def __init__(self, datalist: str | None, preprocessing: Callable | None = None, detector: Any = None,
                  spacing: Sequence[float] = (2.5, 2.5, 2.5), hu_window: Sequence[float] = (-1000, 400), k: int = 8,
                  patch_size: int = 16, output_dir: str | os.PathLike | None = None, num_workers: int = 2,
                  demo_subjects: int | None = None, qc: QCConfig | Mapping[str, Any] | None = None,
-                 stream_bags: bool = False, kernel_augment_mm: Sequence[float] | float | None = None) -> None:
+                 stream_bags: bool = False, kernel_augment_mm: Sequence[float] | float | None = None,
+                 harmonize_mm: Sequence[float] | float | None = None) -> None:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
         if detector is not None and not isinstance(detector, LoGBlobDetector):
@@ -121,6 +126,9 @@ class CTCohort:
                            "k": int(k), "patch_size": int(patch_size)}
         if detector_kwargs != dataclasses.asdict(BagParams().make_detector()):
             self.bag_params["detector"] = detector_kwargs
+        harmonize = BagParams(harmonize_mm=harmonize_mm).resolved().get("harmonize_mm")  # ConfigError naming it
+        if harmonize is not None:
+            self.bag_params["harmonize_mm"] = harmonize
         self.masker = chain_masker(preprocessing)
         key = masker_config(self.masker)
         if key is not None:

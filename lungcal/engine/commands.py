@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--params", required=True, nargs="+", metavar="BUNDLE_OR_JSON",
                    help="a CT bundle (run from the project root, e.g. bundles/nlst_focal.json) optionally followed "
                         "by override files merged over it; or one JSON of bag parameters (spacing, hu_window, "
-                        "margin_mm, k, patch_size, detector, preprocess), as a stage-1 checkpoint stores them")
+                        "margin_mm, k, patch_size, detector, preprocess, harmonize_mm), as a stage-1 checkpoint "
+                        "stores them")
     b.add_argument("--scheduler", default=None, metavar="local:N|tcp://HOST:8786",
                    help="run the tasks on Dask (pip install 'lungcal[cluster]'): local:N starts a LocalCluster of N "
                         "worker processes; tcp://HOST:8786 uses a running scheduler whose workers see the same "

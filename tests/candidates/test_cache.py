@@ -1,6 +1,7 @@
 """BagCache keys, atomic writes, privacy of names; build_bags with a stand-in preprocessing."""
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from monai.data import MetaTensor
+from scipy import ndimage
 
 from lungcal.candidates.cache import CACHE_VERSION, BagCache, BagParams, build_bags, compute_bag, load_bag
 from lungcal.errors import CacheError, ConfigError, DataError
@@ -221,3 +223,29 @@ def test_a_truncated_entry_is_rebuilt_with_a_warning(tmp_path, sources, caplog):
     assert again[0]["bag"] == path and not stale.exists()
     np.testing.assert_array_equal(load_bag(path)["bag"], want["bag"])
     assert "rebuilding a corrupt bag cache entry" in caplog.text
+
+
+# --- resolution harmonization: every bag, keyed only when set -------------------------------------------------------
+def test_harmonization_smooths_the_ct_before_detection_and_patches_and_is_keyed_only_when_set(sources, tmp_path):
+    a, *_ = sources
+    cache = BagCache(tmp_path / "cache")
+    assert cache.key(a, {"harmonize_mm": 0}) == cache.key(a, {}) == cache.key(a, {"harmonize_mm": None})
+    assert cache.key(a, {"harmonize_mm": 1.5}) != cache.key(a, {})
+    assert cache.key(a, {"harmonize_mm": 1.5}) == cache.key(a, {"harmonize_mm": [1.5, 1.5, 1.5]})
+    assert BagParams(harmonize_mm=1.5).resolved()["harmonize_mm"] == [1.5, 1.5, 1.5]
+    with pytest.raises(ConfigError, match="harmonize_mm"):
+        BagParams(harmonize_mm=-1.0).resolved()
+
+    spacing = (2.5, 2.5, 2.5)
+    plain = compute_bag(a, {"spacing": spacing, "k": 1, "patch_size": 8}, preprocess=fake_preprocess)
+    smooth = compute_bag(a, {"spacing": spacing, "k": 1, "patch_size": 8, "harmonize_mm": 2.5},
+                         preprocess=fake_preprocess)
+    # the oracle: scipy's Gaussian of 1 voxel (2.5 mm at 2.5 mm voxels) on the preprocessed volume, then the same patch
+    vol = fake_preprocess(a, spacing, None, None)["image"][0].numpy()
+    ref = ndimage.gaussian_filter(vol, 1.0, mode="nearest", truncate=3.0)
+    c = smooth["voxel"][0]
+    lo = c - 4
+    assert np.allclose(smooth["bag"][0, 0], ref[lo[0]:lo[0] + 8, lo[1]:lo[1] + 8, lo[2]:lo[2] + 8], atol=1e-6)
+    assert np.linalg.norm(smooth["world"][0] - plain["world"][0]) <= 2.5 * np.sqrt(3)  # the same blob
+    assert smooth["bag"][0, 0].max() < plain["bag"][0, 0].max()  # its edge is softer
+    assert json.loads(str(smooth["meta"]))["params"]["harmonize_mm"] == [2.5, 2.5, 2.5]

@@ -222,3 +222,19 @@ def test_build_bags_tasks_give_train_rows_the_augmented_parameters(tmp_path):
     rows = [{"image": "a.nii.gz", "split": "train"}, {"image": "b.nii.gz", "split": "val"}]
     (_, train, *_), (_, val, *_) = bag_tasks(cohort, rows)
     assert train.resolved()["kernel_aug_mm"] == [1.5, 1.5, 1.5] and "kernel_aug_mm" not in val.resolved()
+
+
+# --- resolution harmonization: every split, and stored in the bag parameters ----------------------------------------
+def test_harmonization_goes_into_the_stored_bag_params_for_every_split(cut_cohort, tmp_path):
+    path, _ = cut_cohort
+    plain = CTCohort(str(path), output_dir=tmp_path / "plain", num_workers=0, qc=None)
+    harm = CTCohort(str(path), output_dir=tmp_path / "harm", num_workers=0, qc=None, harmonize_mm=1.5)
+    assert "harmonize_mm" not in plain.bag_params
+    assert harm.bag_params == {**plain.bag_params, "harmonize_mm": [1.5, 1.5, 1.5]}  # what a checkpoint stores
+    assert harm.train_bag_params == harm.bag_params
+    assert CTCohort(None, output_dir=tmp_path, harmonize_mm=0).bag_params == plain.bag_params
+    plain.load(), harm.load()
+    for split in ("train", "val", "test"):
+        assert not np.array_equal(np.asarray(harm.splits[split]["bags"]), np.asarray(plain.splits[split]["bags"]))
+    with pytest.raises(ConfigError, match="harmonize_mm"):
+        CTCohort(None, output_dir=tmp_path, harmonize_mm=[-1.0])
