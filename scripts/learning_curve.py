@@ -52,7 +52,16 @@ def main() -> int:
     ap.add_argument("--output-dir", default="runs")
     ap.add_argument("--seed", type=int, default=0, help="training seed and the subsampling seed")
     ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="bundle overrides for every size (e.g. a smoke check: --set epochs=2 n_bootstrap=50); "
+                         "the curve itself runs the bundle as shipped")
     args = ap.parse_args()
+    overrides = []
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set {item!r}: use KEY=VALUE, e.g. epochs=2")
+        overrides += [f"--{key}", value]
     out = Path(args.output_dir).resolve()
     uri = default_tracking_uri(out)
     rows = load_manifest(args.datalist)
@@ -66,7 +75,7 @@ def main() -> int:
         name = f"lc-{args.bundle}-train{n}-seed{args.seed}"
         cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", f"bundles/{args.bundle}.json",
                "--datalist", str(path), "--output_dir", str(out), "--tracking_uri", uri, "--seed", str(args.seed),
-               "--run_name", name, "--num_workers", str(args.num_workers), "--test_pictures", "none"]
+               "--run_name", name, "--num_workers", str(args.num_workers), "--test_pictures", "none", *overrides]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ))
         if done.returncode:
             raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
