@@ -78,7 +78,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # 0.02 (fewer pleural false positives on B): A 0.732, B AUC 0.616, shipped 0.750, auto p 0.016, EM 1.000;
 # harmonize 1.5 mm: A 0.799, B 0.606, shipped 0.378, auto p < 0.001, prior 0.079, EM 1.000; harmonize
 # 2.0 mm: A 0.685, B 0.625, shipped 0.165, auto 0.043 (p 0.14), prior 0.027, EM 0.516 -> 0.225 > 0.165:
-# fails at EM only. None ships (in-domain cost); the test stays as the issue states it.
+# fails at EM only. None passes, so none ships (2.0 mm costs A's AUC; 1.5 mm none measurable on the headline
+# demo over two seeds: the candidate default); the test stays as the issue states it.
 SITE_A = dict(n_subjects=400, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),
               scanner={"site": "site-a", "noise_hu": 20.0, "kernel_sigma_mm": 0.7, "hu_offset": 0.0})
 SITE_B = dict(n_subjects=600, prevalence=0.11, splits=(0.0, 0.5, 0.5), seed=12, shape=(176, 176, 80),
