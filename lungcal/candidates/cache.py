@@ -153,7 +153,7 @@ class BagParams:
             harmonize = check_max_sigma(self.harmonize_mm)
         except ValueError as e:
             raise ConfigError(str(e).replace("max_sigma_mm", "harmonize_mm"), field="harmonize_mm",
-                              fix="use 0 (off) or the smoothing width in mm, e.g. 1.5 (the bundles' default)") from e
+                              fix="use 0 (off, the bundles' default) or the smoothing width in mm, e.g. 1.5") from e
         if kernel is not None:
             out["kernel_aug_mm"] = kernel
         if harmonize is not None:
