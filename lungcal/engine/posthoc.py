@@ -33,7 +33,14 @@ from lungcal.engine.pictures import log_split_pictures
 from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
 from lungcal.engine.site_calibrator import calibrated_probs
 from lungcal.paths import atomic_write_text
-from lungcal.tracking import CT_EXPERIMENT, TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, add_run_metrics
+from lungcal.tracking import (
+    CT_EXPERIMENT,
+    REFERENCE_CALIBRATOR,
+    TAG_CALIBRATOR,
+    TAG_FIT_WARNING,
+    RunTracker,
+    add_run_metrics,
+)
 
 __all__ = ["PostHocResult", "run_post_hoc", "prevalence", "no_signal"]
 
@@ -71,7 +78,7 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
     if train_labels is not None:
         priors["train/prevalence"] = prevalence(train_labels)
     add_run_metrics(tracking_uri, stage1_run_id, priors)
-    reference = "ts" if "ts" in names else (names[0] if names else None)
+    reference = REFERENCE_CALIBRATOR if REFERENCE_CALIBRATOR in names else (names[0] if names else None)
     for name in names:
         calibrator = make_calibrator(name).fit(val_logits, val_labels)
         warnings = no_signal(fit_warnings(calibrator, val_logits, val_labels))

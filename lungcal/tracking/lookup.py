@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from lungcal.errors import ConfigError
 from lungcal.tracking.names import (
     CT_EXPERIMENT,
+    REFERENCE_CALIBRATOR,
     TAG_CALIBRATOR,
     TAG_PARENT,
     TAG_RECALIBRATION,
@@ -97,7 +98,7 @@ def _site_match(r, site: str | None) -> bool:
     return (not local) if site is None else (local and r.data.tags.get(TAG_SITE) == site)
 
 
-def linked_calibrator_run(tracking_uri: str, run, site: str | None = None, prefer: str = "ts"):
+def linked_calibrator_run(tracking_uri: str, run, site: str | None = None, prefer: str = REFERENCE_CALIBRATOR):
     """The newest finished run linked to ``run`` that stored a calibrator (tag ``lungcal.calibrator``), or ``None``.
 
     ``site=None``: a *reference* calibrator, fitted by the stage-1 bundle's post-hoc step on its

@@ -7,6 +7,7 @@ for example ``test/ece`` and ``test/ece_ci_low``.
 from __future__ import annotations
 
 __all__ = [
+    "REFERENCE_CALIBRATOR",
     "TAG_DATASET",
     "TAG_STAGE1",
     "TAG_STAGE2",
@@ -46,6 +47,9 @@ TAG_PARENT = "lungcal.parent_run"
 TAG_RECALIBRATION = "lungcal.recalibration"
 #: the name of the calibrator a post-hoc run fitted (``ts``, ``platt``, ...).
 TAG_CALIBRATOR = "lungcal.calibrator"
+#: of a stage-1 run's post-hoc calibrators, the reference one (what inference applies and what
+#: draws the test pictures) when it is among them; else the first listed.
+REFERENCE_CALIBRATOR = "ts"
 #: on a post-hoc / recalibration run whose fit is "no signal" (a parameter on its bound, a fit
 #: that did not converge, a validation AUC at chance): the reasons, "; "-joined.
 TAG_FIT_WARNING = "lungcal.fit_warning"
