@@ -9,6 +9,8 @@ runs in the same ``--output-dir``. Prints one JSON line per size and a Markdown 
     python scripts/learning_curve.py runs/data/synthetic_study_3500/datalist.json --sizes 125 250 500 \
         --output-dir runs --bundle nlst_focal
 
+Bags are shared through ``--output-dir``; pass ``--tracking-uri`` to keep the curve's runs out of a
+grid's store (its report would take a curve run as the latest run of that configuration).
 The full train split (1000 for the study cohort) is the grid's own run; add it with ``--sizes ... 1000``
 or read it from the grid's report. Val AUC is ``best/val_auc`` (the checkpoint's epoch), test AUC and
 ECE are the test split's with their bootstrap CIs.
@@ -52,6 +54,10 @@ def main() -> int:
     ap.add_argument("--output-dir", default="runs")
     ap.add_argument("--seed", type=int, default=0, help="training seed and the subsampling seed")
     ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--tracking-uri", default=None,
+                    help="MLflow store for the curve's runs (default: the output folder's). Give another store when "
+                         "the output folder also holds a study grid: `lungcal report` reads the most recent run of "
+                         "each configuration, and a curve run is a stage-1 run on the same test split")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="bundle overrides for every size (e.g. a smoke check: --set epochs=2 n_bootstrap=50); "
                          "the curve itself runs the bundle as shipped")
@@ -63,7 +69,7 @@ def main() -> int:
             raise SystemExit(f"--set {item!r}: use KEY=VALUE, e.g. epochs=2")
         overrides += [f"--{key}", value]
     out = Path(args.output_dir).resolve()
-    uri = default_tracking_uri(out)
+    uri = args.tracking_uri or default_tracking_uri(out)
     rows = load_manifest(args.datalist)
     n_train = sum(r["split"] == "train" for r in rows)
     table = []
