@@ -21,6 +21,7 @@ from scipy import ndimage
 
 from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.candidates.evaluate import read_nodule_truth
+from lungcal.ct.kernel import soften
 from lungcal.ct.transforms import preprocess_ct
 from lungcal.data.manifest import load_manifest
 from lungcal.data.synthetic import make_cohort
@@ -51,11 +52,11 @@ def load(name, cfg):
 
 
 def stats(cts, det, smooth_mm=0.0):
-    res = {"cancer_in_bag": [], "nod_in_bag": [], "fp_r": [], "fp_int": [], "fp_border": [], "fp_score": []}
+    res = {"cancer_in_bag": [], "nod_in_bag": [], "fp_r": [], "fp_int": [], "fp_border": []}
     for _, img, lung, aff, (c, d, mal) in cts:
         sp = np.linalg.norm(aff[:3, :3], axis=0)
         if smooth_mm:
-            img = ndimage.gaussian_filter(img, smooth_mm / sp, mode="nearest", truncate=3.0)
+            img = soften(img, (smooth_mm,) * 3, sp)  # the very function harmonize_mm applies
         cand = det.detect(img, lung, sp, aff).top(8)
         inner, _ = LoGBlobDetector()._masks(lung, sp)
         depth = ndimage.distance_transform_edt(inner, sampling=sp)
