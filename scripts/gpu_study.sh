@@ -42,6 +42,6 @@ echo "== stage 1 + TS + LAS done in $(( $(date +%s) - t0 )) s (rc $rc)"
 for m in ce focal mixup focal_mixup; do
   echo "== $m"
   lungcal report --experiment cifar10lt --tracking-uri "sqlite:///$OUT/$m.db" --out "$OUT/report_$m" --no-log \
-    > "$OUT/report_$m.log" 2>&1 && cat "$OUT/report_$m"/*.md 2>/dev/null | head -20 || tail -3 "$OUT/report_$m.log"
+    > "$OUT/report_$m.log" 2>&1 && grep "^|" "$OUT/report_$m/report.md" | head -4 || tail -3 "$OUT/report_$m.log"
 done
 exit $rc
