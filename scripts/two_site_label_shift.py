@@ -2,7 +2,8 @@
 300 val / 300 test), scanned on site A's scanner, so the only change from A is the prevalence (a
 pure label shift, the assumption of the prior adjustment and of EM). Runs ``lungcal recalibrate``
 with ``--prevalence`` and ``--unlabelled`` on the model a finished slow-test folder trained on A,
-and prints one JSON line (docs/results.md, "Two sites: label shift alone").
+and prints one JSON line (docs/results.md, "Two sites: label shift alone"), with the spread of
+the EM estimate over 1000 bootstrap resamples of the unlabelled CTs.
 
     pytest -m slow tests/test_hospital_workflow.py -s --basetemp=/tmp/hosp   # trains on A (pass or fail)
     python scripts/two_site_label_shift.py /tmp/hosp/test_two_site_recalibration0 [SEED]
@@ -11,11 +12,16 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 from mlflow.tracking import MlflowClient
 
+from lungcal.calibration.prior import estimate_prior_em
 from lungcal.cli import main
 from lungcal.data.manifest import load_manifest, rows_for_split
 from lungcal.data.synthetic import make_cohort
+from lungcal.engine.checkpoint import load_stage1
+from lungcal.engine.recalibrate import _predict
+from lungcal.engine.site_calibrator import calibrated_probs, reference_calibrator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -53,4 +59,14 @@ result = {"site": name, "A_auc": round(s1.data.metrics["test/auc"], 3),
 for row, split in rows.items():
     result[row] = {k: round(m[f"{split}/{k}"], 4) for k in ("ece", "ece_ci_low", "ece_ci_high", "ece_pvalue",
                                                             "cal_intercept", "oe_ratio", "auc")}
+# the EM estimate's spread: the same unlabelled CTs (bags cached by the run above), resampled
+stage1 = load_stage1(s1.info.run_id, uri)
+unl_rows = [{"image": r["image"], "label": 0} for r in rows_for_split(load_manifest(datalist), "val")]
+probs = calibrated_probs(reference_calibrator(uri, stage1.run),
+                         _predict(stage1.network, unl_rows, stage1.bag_params, out / "cache" / "bags", 2)["logits"])
+rng = np.random.default_rng(0)
+boot = [estimate_prior_em(probs[rng.integers(0, len(probs), len(probs))], m["source_prior"]) for _ in range(1000)]
+result["em_prior_bootstrap"] = {"estimate": round(estimate_prior_em(probs, m["source_prior"]), 4),
+                                "ci95": [round(float(q), 4) for q in np.percentile(boot, [2.5, 97.5])],
+                                "mean_shipped_prob": round(float(np.mean(probs[:, 1])), 4)}
 print(json.dumps(result), flush=True)
