@@ -38,8 +38,9 @@ folder = R / f"site_b_on_a_scanner_{seed}"
 datalist = folder / "datalist.json"
 if not datalist.exists():
     make_cohort(folder, formats=("nifti",), progress=True, num_workers=2, **site)
+val_images = [r["image"] for r in rows_for_split(load_manifest(datalist), "val")]
 unl = folder / "val_unlabelled.json"
-unl.write_text(json.dumps({"rows": [{"image": r["image"]} for r in rows_for_split(load_manifest(datalist), "val")]}))
+unl.write_text(json.dumps({"rows": [{"image": image} for image in val_images]}))
 
 client = MlflowClient(uri)
 exp = client.get_experiment_by_name("nlst")
@@ -61,7 +62,7 @@ for row, split in rows.items():
                                                             "cal_intercept", "oe_ratio", "auc")}
 # the EM estimate's spread: the same unlabelled CTs (bags cached by the run above), resampled
 stage1 = load_stage1(s1.info.run_id, uri)
-unl_rows = [{"image": r["image"], "label": 0} for r in rows_for_split(load_manifest(datalist), "val")]
+unl_rows = [{"image": image, "label": 0} for image in val_images]  # label unused: EM sees probabilities only
 probs = calibrated_probs(reference_calibrator(uri, stage1.run),
                          _predict(stage1.network, unl_rows, stage1.bag_params, out / "cache" / "bags", 2)["logits"])
 rng = np.random.default_rng(0)
