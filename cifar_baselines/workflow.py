@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,7 +275,9 @@ class Stage1Run(_TrackedRun):
         output_dir, tracking_uri: ``None``: ``$LUNGCAL_HOME`` or ``./runs``; its ``mlflow.db``.
         n_bins, n_bootstrap, channels_last: of the final reports and predictions.
 
-    ``run(trainer)`` returns ``{run_id, ts_run_id, checkpoint, temperature, test, test_ts, train_wall_s}``.
+    ``run(trainer)`` returns ``{run_id, ts_run_id, checkpoint, temperature, test, test_ts, train_wall_s}``;
+    ``train_wall_s`` (also a metric of the run) sums the training time of every process that worked
+    on a resumed run (:class:`lungcal.runtime.resume.RunRecord`).
     """
 
     def __init__(self, *, dataset: str, method: str, calibrator, amp: bool = True, **kwargs: Any) -> None:
@@ -290,7 +291,6 @@ class Stage1Run(_TrackedRun):
 
     def run(self, trainer) -> dict:
         d = self.data
-        t0 = time.time()
         if len(d.val_y) < self.world_size:
             raise ConfigError(f"{len(d.val_y)} validation images for {self.world_size} processes",
                               field="nproc_per_node", fix="use fewer processes or a larger val_per_class")
@@ -308,7 +308,7 @@ class Stage1Run(_TrackedRun):
                                "world_size": self.world_size})
                 tr.log_dict(self.settings, "config/resolved.json")
             self._train(trainer, state, previous)
-            wall = time.time() - t0
+            wall = state.record.elapsed_s()  # every process's training time, when the run was resumed
             val_logits, test_logits, test = self._evaluate(f"{self.dataset} {self.method}")
             tr.log_metrics({"train_wall_s": wall})
             tr.log_model(self.module, "model", extra=_MODEL_CONFIG)

@@ -9,8 +9,8 @@ so after validation, the best-model checkpoint and the MLflow epoch log), throug
 previous state, never half a file). It holds the model, optimizer, LR scheduler, the trainer's
 epoch/iteration, any extra stateful object (best-so-far metric, grad scaler) and
 :class:`RandomState`: the global torch/numpy/python RNGs and every ``torch.Generator`` of the data
-loaders, samplers, datasets and iteration steps. The MLflow run id is stored with it
-(:class:`RunRecord`). :meth:`TrainingResume.load` restores it all with
+loaders, samplers, datasets and iteration steps. The MLflow run id and the run's wall time
+so far are stored with it (:class:`RunRecord`). :meth:`TrainingResume.load` restores it all with
 :meth:`Checkpoint.load_objects`; the state is deleted once the whole run finished, so a rerun of a
 finished bundle is a new run.
 
@@ -30,6 +30,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -190,16 +191,29 @@ class RandomState:
 
 
 class RunRecord:
-    """The MLflow run id, saved with the training state (``state_dict`` / ``load_state_dict``)."""
+    """The MLflow run id and the run's wall time so far, saved with the training state.
+
+    :meth:`elapsed_s` is the wall time of every process that worked on the run: this one since the
+    record was made, plus the earlier ones up to their last saved state (work a crash lost and this
+    process redid counts once, the downtime between processes not at all). A state saved before
+    the wall time was recorded loads as 0 s of earlier work.
+    """
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
+        self.prior_s = 0.0
+        self._start = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        """Wall seconds of this run across its processes (see the class)."""
+        return self.prior_s + time.monotonic() - self._start
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id or ""}
+        return {"run_id": self.run_id or "", "elapsed_s": float(self.elapsed_s())}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.run_id = state["run_id"] or None
+        self.prior_s = float(state.get("elapsed_s", 0.0))
 
 
 class StepFilter:

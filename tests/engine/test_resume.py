@@ -29,6 +29,7 @@ from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.runtime.resume import (
     OutputError,
     RandomState,
+    RunRecord,
     StepFilter,
     claim_identity,
     generators_of,
@@ -111,6 +112,22 @@ def test_random_state_round_trips_every_generator():
     again = (torch.rand(3), np.random.rand(3), random.random(), torch.rand(3, generator=gen))
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1])
     assert first[2] == again[2] and torch.equal(first[3], again[3])
+
+
+def test_run_record_carries_the_wall_time_of_earlier_processes(monkeypatch):
+    clock = iter([100.0, 160.0, 500.0, 530.0, 900.0])  # process 1 starts, saves 60 s later; process 2 starts, ends
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    first = RunRecord("abc")
+    buf = io.BytesIO()
+    torch.save(first.state_dict(), buf)  # saved at 160: 60 s of work
+    buf.seek(0)
+    second = RunRecord()
+    second.load_state_dict(torch.load(buf, weights_only=True))
+    assert second.run_id == "abc"
+    assert second.elapsed_s() == pytest.approx(60.0 + 30.0)  # the 340 s between processes do not count
+    older = RunRecord()
+    older.load_state_dict({"run_id": "abc"})  # a state saved before the wall time was recorded
+    assert older.prior_s == 0.0 and older.run_id == "abc"
 
 
 def test_step_filter_logs_each_point_once():
