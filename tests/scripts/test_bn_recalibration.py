@@ -1,0 +1,76 @@
+"""scripts/bn_recalibration.py: a CIFAR model scored with re-estimated BatchNorm statistics."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from cifar_baselines.bundle import run_bundle
+from cifar_baselines.data import load_splits
+from cifar_baselines.resnet import resnet32
+from cifar_baselines.steps import prepare_images
+from tests.cifar_baselines.cifar_fakes import write_fake_cifar
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "bn_recalibration.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("bn_recalibration", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def lt_data(tmp_path_factory):
+    folder = write_fake_cifar(tmp_path_factory.mktemp("fake_cifar"), n_train_per_class=40, n_test_per_class=8)
+    return folder, load_splits("cifar10lt", data_dir=folder, imb_factor=0.1, val_per_class=5)
+
+
+def test_train_batches_hold_each_image_once_and_balanced_batches_lift_the_tail(script, lt_data):
+    _, d = lt_data
+    train = torch.cat(list(script.bn_batches(d, "train", batch_size=16)))
+    assert torch.equal(train, prepare_images(d.train_x))
+    counts = torch.bincount(d.train_y, minlength=10).double()
+    idx = torch.cat([y for _, y in script.BatchIterator(d.train_x, d.train_y, 16, sampler="balanced", seed=0)])
+    drawn = torch.bincount(idx, minlength=10).double() / len(idx)
+    assert len(idx) == len(d.train_y)
+    assert drawn[counts.argmin()] > 2 * counts.min() / counts.sum()  # the rarest class is drawn far above its share
+    with pytest.raises(ValueError, match="unknown source"):
+        next(script.bn_batches(d, "test"))
+
+
+def test_recalibrated_statistics_are_the_plain_average_of_the_pass(script, lt_data):
+    _, d = lt_data
+    torch.manual_seed(0)
+    net = resnet32(10).eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    batches = list(script.bn_batches(d, "train", batch_size=16))
+    new = script.recalibrate_bn(net, batches)
+    with torch.no_grad():  # the first BatchNorm sees conv1's output; update_bn weighs every batch alike
+        want = torch.stack([net.conv1(b).mean(dim=(0, 2, 3)) for b in batches]).mean(0)
+    assert torch.allclose(new.bn1.running_mean, want, atol=1e-5)
+    assert not new.training and new.bn1.momentum == net.bn1.momentum
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())  # the original is untouched
+
+
+def test_main_scores_a_stage1_run_three_ways(script, lt_data, tmp_path, capsys, monkeypatch):
+    folder, _ = lt_data
+    monkeypatch.chdir(ROOT)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    res = run_bundle("bundles/cifar10lt_ce.json", {
+        "data_dir": str(folder), "output_dir": str(tmp_path), "tracking_uri": uri, "batch_size": 64,
+        "n_bootstrap": 20, "val_per_class": 5, "epochs": 1, "warmup_epochs": 1, "lr_milestones": [1],
+        "imb_factor": 0.1})
+    assert script.main(["--run-id", res["run_id"], "--tracking-uri", uri, "--data-dir", str(folder),
+                        "--output-dir", str(tmp_path), "--n-bootstrap", "50"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| as trained", "| BN from train", "| BN from balanced"]
+    logged = MlflowClient(uri).get_run(res["run_id"]).data.metrics["test/acc"]
+    assert rows[1].split(" | ")[1].startswith(f"{100 * logged:.2f} [")  # as trained = the run's own test score
+    assert all(r.count("|") == 7 for r in rows)
