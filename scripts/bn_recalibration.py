@@ -3,12 +3,15 @@
 A trained ResNet-32 evaluates with BatchNorm running statistics that are an exponential average
 (momentum 0.1) over roughly its last ten training batches: augmented, mixed under Mixup,
 long-tailed on CIFAR-10-LT, and computed in bf16 where training ran under CPU autocast. This
-script re-estimates them, in float32 and without augmentation, as the average of the batch
-statistics of one whole pass in batches of 128 (``torch.optim.swa_utils.update_bn``) of
+script re-estimates them in float32, as the average of the batch statistics of one whole pass in
+batches of 128 (``torch.optim.swa_utils.update_bn``: "precise BatchNorm"), over
 
-- ``train``: every training image once, as the training set holds them (long-tailed on LT);
-- ``balanced``: as many class-balanced draws from the training images, with replacement: the
-  BatchNorm half of LAS's "shift learning on BN", without retraining the head;
+- ``train``: every training image once, as the training set holds them (long-tailed on LT), with
+  the training augmentation (random crop with zero padding, flip; seeded): the statistics the
+  weights were trained against, without the moving average's noise, bf16 and mixing;
+- ``train, clean``: the same images without augmentation (what the test images look like);
+- ``balanced``: as many class-balanced draws from the training images, with replacement and the
+  augmentation: the BatchNorm half of LAS's "shift learning on BN", without retraining the head;
 
 and scores the test split in float32 for each: ACC and ECE (15 bins) with 95% bootstrap CIs, and
 the paired differences against the weights as trained (same test images, resampled jointly).
@@ -27,7 +30,7 @@ from collections.abc import Iterator
 import torch
 from torch.optim.swa_utils import update_bn
 
-from cifar_baselines.batches import BatchIterator
+from cifar_baselines.batches import BatchIterator, augment_batch
 from cifar_baselines.data import CifarSplits
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.steps import predict, prepare_images
@@ -37,17 +40,20 @@ from lungcal.calibration.metrics import calibration_report, paired_bootstrap_dif
 SOURCES = ("train", "balanced")
 
 
-def bn_batches(data: CifarSplits, source: str, batch_size: int = 128, seed: int = 0) -> Iterator[torch.Tensor]:
-    """Normalised float32 batches of training images (no augmentation) for one BatchNorm pass.
+def bn_batches(data: CifarSplits, source: str, batch_size: int = 128, seed: int = 0,
+               augment: bool = True) -> Iterator[torch.Tensor]:
+    """Normalised float32 batches of training images for one BatchNorm pass.
 
     ``train``: each training image once, in order; ``balanced``: ``len(train)`` draws with
-    class-balanced probabilities (the LAS stage's sampler).
+    class-balanced probabilities (the LAS stage's sampler). ``augment``: the training crop and
+    flip (:func:`cifar_baselines.batches.augment_batch`, a CPU generator seeded with ``seed``).
     """
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}, use one of {SOURCES}")
     sampler = "sequential" if source == "train" else "balanced"
+    gen = torch.Generator().manual_seed(int(seed) + 1)
     for x, _ in BatchIterator(data.train_x, data.train_y, batch_size, sampler=sampler, seed=seed):
-        yield prepare_images(x)
+        yield prepare_images(augment_batch(x, generator=gen) if augment else x)
 
 
 def recalibrate_bn(network: torch.nn.Module, batches) -> torch.nn.Module:
@@ -72,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     data = stage1.load_splits(data_dir=args.data_dir, output_dir=args.output_dir)
     base = stage1.load_into(resnet32(10)).to(memory_format=torch.channels_last).eval()
     models = {"as trained": base}
-    for source in SOURCES:
-        models[f"BN from {source}"] = recalibrate_bn(base, bn_batches(data, source, seed=args.seed))
+    for name, source, augment in (("BN from train", "train", True), ("BN from train, clean", "train", False),
+                                  ("BN from balanced", "balanced", True)):
+        models[name] = recalibrate_bn(base, bn_batches(data, source, seed=args.seed, augment=augment))
     probs = {k: torch.softmax(predict(m, data.test_x), 1).numpy() for k, m in models.items()}
     y = data.test_y.cpu().numpy()
 
