@@ -1,7 +1,6 @@
 """scripts/bn_recalibration.py: a CIFAR model scored with re-estimated BatchNorm statistics."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,14 @@ from cifar_baselines.data import load_splits
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.steps import prepare_images
 from tests.cifar_baselines.cifar_fakes import write_fake_cifar
+from tests.scripts.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "bn_recalibration.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("bn_recalibration", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bn_recalibration")
 
 
 @pytest.fixture(scope="module")

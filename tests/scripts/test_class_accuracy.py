@@ -1,24 +1,17 @@
 """scripts/class_accuracy.py: where a long-tailed CIFAR model loses accuracy, read back from MLflow."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 from sklearn.metrics import recall_score
 
 from lungcal.tracking import RunTracker, default_tracking_uri
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "class_accuracy.py"
+from tests.scripts.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("class_accuracy", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("class_accuracy")
 
 
 def _predictions(seed: int = 0, n_per_class: int = 60):
