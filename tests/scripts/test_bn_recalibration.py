@@ -1,31 +1,18 @@
 """scripts/bn_recalibration.py: a CIFAR model scored with re-estimated BatchNorm statistics."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from cifar_baselines.bundle import run_bundle
-from cifar_baselines.data import load_splits
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.steps import prepare_images
-from tests.cifar_baselines.cifar_fakes import write_fake_cifar
-from tests.scripts.conftest import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts.conftest import load_script, tiny_stage1_run
 
 
 @pytest.fixture(scope="module")
 def script():
     return load_script("bn_recalibration")
-
-
-@pytest.fixture(scope="module")
-def lt_data(tmp_path_factory):
-    folder = write_fake_cifar(tmp_path_factory.mktemp("fake_cifar"), n_train_per_class=40, n_test_per_class=8)
-    return folder, load_splits("cifar10lt", data_dir=folder, imb_factor=0.1, val_per_class=5)
 
 
 def test_train_batches_hold_each_image_once_and_balanced_batches_lift_the_tail(script, lt_data):
@@ -60,17 +47,12 @@ def test_recalibrated_statistics_are_the_plain_average_of_the_pass(script, lt_da
 
 def test_main_scores_a_stage1_run_four_ways(script, lt_data, tmp_path, capsys, monkeypatch):
     folder, _ = lt_data
-    monkeypatch.chdir(ROOT)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    res = run_bundle("bundles/cifar10lt_ce.json", {
-        "data_dir": str(folder), "output_dir": str(tmp_path), "tracking_uri": uri, "batch_size": 64,
-        "n_bootstrap": 20, "val_per_class": 5, "epochs": 1, "warmup_epochs": 1, "lr_milestones": [1],
-        "imb_factor": 0.1})
-    assert script.main(["--run-id", res["run_id"], "--tracking-uri", uri, "--data-dir", str(folder),
+    run_id, uri = tiny_stage1_run("cifar10lt_ce", folder, tmp_path, monkeypatch)
+    assert script.main(["--run-id", run_id, "--tracking-uri", uri, "--data-dir", str(folder),
                         "--output-dir", str(tmp_path), "--n-bootstrap", "50"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split(" | ")[0] for r in rows[1:]] == ["| as trained", "| BN from train", "| BN from train, clean",
                                                  "| BN from balanced"]
-    logged = MlflowClient(uri).get_run(res["run_id"]).data.metrics["test/acc"]
+    logged = MlflowClient(uri).get_run(run_id).data.metrics["test/acc"]
     assert rows[1].split(" | ")[1].startswith(f"{100 * logged:.2f} [")  # as trained = the run's own test score
     assert all(r.count("|") == 7 for r in rows)

@@ -1,32 +1,19 @@
 """scripts/precision_check.py: bf16 gradients against float32 ones and against SGD's own noise."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-from cifar_baselines.bundle import run_bundle
-from cifar_baselines.data import load_splits
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.steps import prepare_images
 from lungcal.calibration.losses import FocalLoss
-from tests.cifar_baselines.cifar_fakes import write_fake_cifar
-from tests.scripts.conftest import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts.conftest import load_script, tiny_stage1_run
 
 
 @pytest.fixture(scope="module")
 def script():
     return load_script("precision_check")
-
-
-@pytest.fixture(scope="module")
-def lt_data(tmp_path_factory):
-    folder = write_fake_cifar(tmp_path_factory.mktemp("fake_cifar"), n_train_per_class=40, n_test_per_class=8)
-    return folder, load_splits("cifar10lt", data_dir=folder, imb_factor=0.1, val_per_class=5)
 
 
 def test_the_run_loss_follows_the_method(script):
@@ -77,13 +64,8 @@ def test_summarise_is_a_mean_with_a_normal_interval(script):
 
 def test_main_checks_a_stage1_run_at_trained_and_initial_weights(script, lt_data, tmp_path, capsys, monkeypatch):
     folder, _ = lt_data
-    monkeypatch.chdir(ROOT)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    res = run_bundle("bundles/cifar10lt_focal.json", {
-        "data_dir": str(folder), "output_dir": str(tmp_path), "tracking_uri": uri, "batch_size": 64,
-        "n_bootstrap": 20, "val_per_class": 5, "epochs": 1, "warmup_epochs": 1, "lr_milestones": [1],
-        "imb_factor": 0.1})
-    assert script.main(["--run-id", res["run_id"], "--tracking-uri", uri, "--data-dir", str(folder),
+    run_id, uri = tiny_stage1_run("cifar10lt_focal", folder, tmp_path, monkeypatch)
+    assert script.main(["--run-id", run_id, "--tracking-uri", uri, "--data-dir", str(folder),
                         "--output-dir", str(tmp_path), "--batches", "2", "--batch-size", "32"]) == 0
     out = capsys.readouterr().out
     assert "loss FocalLoss" in out
