@@ -152,14 +152,23 @@ class TrainStep:
             return contextlib.nullcontext(), torch.float32
         return autocast_for(device, self.amp, training=True)
 
-    def __call__(self, engine, batchdata) -> dict:
-        x, y = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)[:2]
-        if self.augment:
-            x = augment_batch(x, generator=self.generator)
+    def batch(self, x_uint8: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network's input and the loss's target of one ``uint8`` batch, as a training step makes them.
+
+        Crop and flip (when ``augment``), normalise, channels_last, then mixup (when ``mixup_alpha >
+        0``: the target becomes soft, ``(B, C)``), drawing from :attr:`generator`. The step itself
+        and ``scripts/precision_check.py`` both call this, so the check measures what training does.
+        """
+        x = augment_batch(x_uint8, generator=self.generator) if self.augment else x_uint8
         x = prepare_images(x, self.channels_last)
-        target = y
         if self.mixup_alpha > 0:
             x, target, _ = mixup(x, y, self.mixup_alpha, self.num_classes, generator=self.generator)
+            return x, target
+        return x, y
+
+    def __call__(self, engine, batchdata) -> dict:
+        x, y = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)[:2]
+        x, target = self.batch(x, y)
         ctx, dtype = self._autocast(x.device)
         if self._scaler is None:
             self._scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)

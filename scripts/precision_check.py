@@ -35,13 +35,12 @@ import sys
 import numpy as np
 import torch
 
-from cifar_baselines.batches import BatchIterator, augment_batch
+from cifar_baselines.batches import BatchIterator
 from cifar_baselines.data import CifarSplits
 from cifar_baselines.resnet import resnet32
-from cifar_baselines.steps import prepare_images, training_precision
+from cifar_baselines.steps import TrainStep, training_precision
 from cifar_baselines.workflow import load_stage1
 from lungcal.calibration.losses import FocalLoss
-from lungcal.calibration.mixup import mixup
 
 MEASURES = ("bf16 error", "bf16 cosine", "augmentation noise", "batch noise")
 ACCUMULATION = "bf16 accumulation"  # |sum of the K errors| / sqrt(sum of their squared norms)
@@ -70,14 +69,6 @@ def flat_gradient(network: torch.nn.Module, loss_fn: torch.nn.Module, x: torch.T
     return torch.cat([p.grad.reshape(-1) for p in network.parameters()])
 
 
-def _training_batch(x_uint8, y, mixup_alpha: float, gen: torch.Generator):
-    x = prepare_images(augment_batch(x_uint8, generator=gen))
-    if mixup_alpha > 0:
-        x, target, _ = mixup(x, y, mixup_alpha, 10, generator=gen)
-        return x, target
-    return x, y
-
-
 def gradient_noise(network: torch.nn.Module, loss_fn: torch.nn.Module, data: CifarSplits, n_batches: int = 20,
                    batch_size: int = 128, mixup_alpha: float = 0.0, seed: int = 0) -> dict[str, np.ndarray]:
     """Per batch: the bf16 error and cosine, and the augmentation and batch noise (see the module doc);
@@ -87,7 +78,7 @@ def gradient_noise(network: torch.nn.Module, loss_fn: torch.nn.Module, data: Cif
     from the training split in the run's seeded shuffle, ``n_batches + 1`` of them.
     """
     net = copy.deepcopy(network).to(memory_format=torch.channels_last)
-    gen = torch.Generator().manual_seed(int(seed) + 1)
+    step = TrainStep(num_classes=10, mixup_alpha=mixup_alpha, seed=seed)  # its generator: seed + 1, as training
     batches = []
     for x, y in BatchIterator(data.train_x, data.train_y, batch_size, seed=seed, drop_last=True):
         batches.append((x, y))
@@ -99,11 +90,11 @@ def gradient_noise(network: torch.nn.Module, loss_fn: torch.nn.Module, data: Cif
     out = {k: [] for k in MEASURES}
     err_sum, err_sq = None, 0.0
     for (x, y), (x_next, y_next) in zip(batches[:-1], batches[1:]):
-        xb, target = _training_batch(x, y, mixup_alpha, gen)
+        xb, target = step.batch(x, y)
         g = flat_gradient(net, loss_fn, xb, target)
         g16 = flat_gradient(net, loss_fn, xb, target, bf16=True)
-        g_aug = flat_gradient(net, loss_fn, *_training_batch(x, y, mixup_alpha, gen))
-        g_next = flat_gradient(net, loss_fn, *_training_batch(x_next, y_next, mixup_alpha, gen))
+        g_aug = flat_gradient(net, loss_fn, *step.batch(x, y))
+        g_next = flat_gradient(net, loss_fn, *step.batch(x_next, y_next))
         norm, err = g.norm(), g16 - g
         err_sum = err if err_sum is None else err_sum + err
         err_sq += float(err.square().sum())

@@ -78,3 +78,33 @@ def test_non_finite_loss_says_what_to_do(batches):
                                 iteration_update=TrainStep(amp=False, channels_last=False), decollate=False)
     with pytest.raises(FloatingPointError, match="learning rate"):
         trainer.run()
+
+
+@pytest.mark.parametrize("mixup_alpha", [0.0, 1.0])
+def test_train_step_feeds_the_network_what_its_batch_method_makes(batches, mixup_alpha):
+    """``TrainStep.batch`` is the step's own input pipeline (``scripts/precision_check.py`` relies on it):
+    a second step with the same seed, called on the same uint8 batches, reproduces every input and target."""
+    x, y = batches
+    data = list(BatchIterator(x, y, 8))
+    seen = []
+
+    def loss(logits, target):
+        seen.append(target.clone())
+        return torch.nn.functional.cross_entropy(logits, target)
+
+    net = resnet32().to(memory_format=torch.channels_last)
+    outs = []
+    trainer = SupervisedTrainer("cpu", 1, data, net, torch.optim.SGD(net.parameters(), lr=0.01), loss,
+                                epoch_length=3, decollate=False,
+                                iteration_update=TrainStep(mixup_alpha=mixup_alpha, amp=False, seed=3))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outs.append(e.state.output["image"]))
+    trainer.run()
+    replay = TrainStep(mixup_alpha=mixup_alpha, amp=False, seed=3)
+    for (xb, yb), image, target in zip(data, outs, seen):
+        x_ref, t_ref = replay.batch(xb, yb)
+        torch.testing.assert_close(image, x_ref, atol=0, rtol=0)
+        torch.testing.assert_close(target, t_ref, atol=0, rtol=0)
+        assert x_ref.is_contiguous(memory_format=torch.channels_last)
+        assert t_ref.shape == ((8, 10) if mixup_alpha else (8,))
+    other = TrainStep(mixup_alpha=mixup_alpha, amp=False, seed=4).batch(*data[0])[0]
+    assert not torch.equal(other, outs[0])  # the seed matters: the replay is not trivially equal
