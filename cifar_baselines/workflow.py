@@ -50,6 +50,7 @@ from mlflow.tracking import MlflowClient
 
 from cifar_baselines.data import CifarSplits, load_splits
 from cifar_baselines.steps import predict, training_precision
+from cifar_baselines.summary import run_summary
 from lungcal.calibration.las import retrain_head_las
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
@@ -225,6 +226,13 @@ class _TrackedRun:
         settings = {k: v for k, v in self.settings.items() if k not in IDENTITY_EXCLUDE}
         return run_identity({**self.config, "settings": settings, "_class": type(self).__name__})
 
+    def _command(self, config_file: str, **keys: str) -> str:
+        """``python -m monai.bundle run`` of ``config_file`` with ``keys``, on this run's store and output
+        folder where the bundle set them (the defaults find themselves)."""
+        keys = {**keys, **{k: self.settings[k] for k in ("output_dir", "tracking_uri") if self.settings.get(k)}}
+        return " ".join([f"python -m monai.bundle run --config_file {config_file}",
+                         *(f"--{k} {v}" for k, v in keys.items())])
+
     def training_state(self, trainer) -> TrainingResume:
         """The resume state: network, optimizer, LR schedule, trainer, the step (grad scaler), every RNG."""
         step = trainer._process_function
@@ -315,6 +323,11 @@ class Stage1Run(_TrackedRun):
             run_id, ckpt = tr.run_id, self.checkpoint_path()
         ts_run_id, temperature, test_ts = self._posthoc(run_id, val_logits, test_logits)
         state.clear()
+        print(run_summary(f"{self.dataset} {self.method}",
+                          [(self.method, test), (f"+ TS (T {temperature:.3f})", test_ts)], [run_id, ts_run_id],
+                          self.tracking_uri, self.output_dir,
+                          next_step=self._command(f"bundles/{self.dataset}_las.json", stage1_run_id=run_id)),
+              flush=True)
         return {"run_id": run_id, "ts_run_id": ts_run_id, "checkpoint": str(ckpt) if ckpt.is_file() else None,
                 "temperature": temperature, "test": test, "test_ts": test_ts, "train_wall_s": wall,
                 "resumed_from_epoch": self.resumed_from}
@@ -387,5 +400,9 @@ class LASRun(_TrackedRun):
             run_id = tr.run_id
         if state is not None:
             state.clear()
+        print(run_summary(f"{self.dataset} {method} + LAS", [(f"{method} + LAS", test)], [run_id],
+                          self.tracking_uri, self.output_dir,
+                          next_step=f"lungcal report --experiment {self.dataset} --tracking-uri {self.tracking_uri}"),
+              flush=True)
         return {"run_id": run_id, "stage1_run_id": self.stage1.run_id, "test": test,
                 "resumed_from_epoch": self.resumed_from}

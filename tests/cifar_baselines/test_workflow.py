@@ -1,4 +1,6 @@
-"""What the CIFAR runs record in MLflow (names per DESIGN.md) and what the LAS stage changes."""
+"""What the CIFAR runs record in MLflow (names per DESIGN.md), what they print, and what the LAS stage changes."""
+import contextlib
+import io
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +26,15 @@ def stage1(fake_cifar, tmp_path_factory):
     out = tmp_path_factory.mktemp("cifar_wf")
     common = {"data_dir": str(fake_cifar), "output_dir": str(out), "tracking_uri": f"sqlite:///{out}/mlflow.db",
               "batch_size": 64, "n_bootstrap": 20, "val_per_class": 5}
-    res = run_bundle("bundles/cifar10lt_focal_mixup.json", {**common, "epochs": 2, "warmup_epochs": 1,
-                                                            "lr_milestones": [1], "imb_factor": 0.1})
-    return common, res
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        res = run_bundle("bundles/cifar10lt_focal_mixup.json", {**common, "epochs": 2, "warmup_epochs": 1,
+                                                                "lr_milestones": [1], "imb_factor": 0.1})
+    return common, res, printed.getvalue()
 
 
 def test_stage1_and_ts_runs_are_tracked(stage1):
-    common, res = stage1
+    common, res, _ = stage1
     assert res["temperature"] > 0 and Path(res["checkpoint"]).is_file()
     assert res["test_ts"]["acc"] == pytest.approx(res["test"]["acc"])  # TS never changes the argmax
     c = MlflowClient(common["tracking_uri"])
@@ -57,9 +61,27 @@ def test_stage1_and_ts_runs_are_tracked(stage1):
     assert r1.info.status == "FINISHED" and r2.info.status == "FINISHED"
 
 
+def test_stage1_prints_its_test_numbers_run_ids_and_the_las_command(stage1):
+    """A run that ends hours after it started says what it measured and the ID the LAS stage needs."""
+    common, res, printed = stage1
+    lines = printed.splitlines()
+    start = lines.index("== cifar_baselines cifar10lt focal_mixup ==")
+    summary = "\n".join(lines[start:])
+    for report, name in ((res["test"], "focal_mixup"), (res["test_ts"], f"+ TS (T {res['temperature']:.3f})")):
+        row = next(line for line in lines[start:] if line.strip().startswith(name))
+        assert f"test ACC {100 * report['acc']:.2f}% [{100 * report['acc_ci_low']:.2f}, " in row
+        assert f"ECE15 {100 * report['ece']:.2f}% [{100 * report['ece_ci_low']:.2f}, " in row
+        assert f"(n={int(report['n'])})" in row
+    assert f"MLflow runs        {res['run_id']}, {res['ts_run_id']}" in summary
+    assert f"mlflow ui --backend-store-uri {common['tracking_uri']}" in summary
+    assert (f"next               python -m monai.bundle run --config_file bundles/cifar10lt_las.json "
+            f"--stage1_run_id {res['run_id']} --output_dir {common['output_dir']} "
+            f"--tracking_uri {common['tracking_uri']}") in summary
+
+
 def test_epoch_metrics_match_the_final_report(stage1):
     """The evaluator's last-epoch val metrics are the final val report's (same float32 logits)."""
-    common, res = stage1
+    common, res, _ = stage1
     c = MlflowClient(common["tracking_uri"])
     npz = np.load(c.download_artifacts(res["run_id"], "predictions/val.npz"))
     rep = calibration_report(npz["probs"].astype(np.float64), npz["labels"], n_bins=15, n_bootstrap=0)
@@ -69,11 +91,16 @@ def test_epoch_metrics_match_the_final_report(stage1):
     assert last["val/acc"] == pytest.approx(rep["acc"])
 
 
-def test_las_from_the_stage1_run_and_from_its_checkpoint(stage1):
-    common, res = stage1
+def test_las_from_the_stage1_run_and_from_its_checkpoint(stage1, capsys):
+    common, res, _ = stage1
     c = MlflowClient(common["tracking_uri"])
     las = run_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if k != "val_per_class"},
                                                     "stage1_run_id": res["run_id"], "epochs": 1})
+    printed = capsys.readouterr().out
+    assert "== cifar_baselines cifar10lt focal_mixup + LAS ==" in printed
+    assert f"MLflow runs        {las['run_id']}\n" in printed
+    assert f"ECE15 {100 * las['test']['ece']:.2f}%" in printed
+    assert f"lungcal report --experiment cifar10lt --tracking-uri {common['tracking_uri']}" in printed
     r3 = c.get_run(las["run_id"])
     assert r3.data.tags["lungcal.stage2"] == "las" and r3.data.tags["lungcal.parent_run"] == res["run_id"]
     assert r3.data.tags["lungcal.stage1"] == "focal_mixup" and "test/ece" in r3.data.metrics
@@ -86,7 +113,7 @@ def test_las_from_the_stage1_run_and_from_its_checkpoint(stage1):
 
 
 def test_las_shift_bn_changes_only_the_head_and_bn_statistics(stage1):
-    common, res = stage1
+    common, res, _ = stage1
     p = load_bundle("bundles/cifar10lt_las.json", {**{k: v for k, v in common.items() if k != "val_per_class"},
                                                    "checkpoint": res["checkpoint"], "epochs": 1, "batch_size": 32})
     old = {k: v.clone() for k, v in load_stage1(checkpoint=res["checkpoint"]).state_dict.items()}
