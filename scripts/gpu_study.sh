@@ -43,5 +43,8 @@ for m in ce focal mixup focal_mixup; do
   echo "== $m"
   lungcal report --experiment cifar10lt --tracking-uri "sqlite:///$OUT/$m.db" --out "$OUT/report_$m" --no-log \
     > "$OUT/report_$m.log" 2>&1 && grep "^|" "$OUT/report_$m/report.md" | head -4 || tail -3 "$OUT/report_$m.log"
+  # the post-hoc fixes side by side (TS, the ECE-best T, logit adjustment, vector scaling, against LAS)
+  python scripts/lt_posthoc.py --experiment cifar10lt --tracking-uri "sqlite:///$OUT/$m.db" \
+    > "$OUT/posthoc_$m.md" 2> "$OUT/posthoc_$m.log" && grep "^| \(ts\|vector\|run\)" "$OUT/posthoc_$m.md" || tail -3 "$OUT/posthoc_$m.log"
 done
 exit $rc

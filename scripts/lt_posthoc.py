@@ -22,6 +22,7 @@ images (the LAS run on this stage 1: LAS retrains the head, vector scaling is th
 the same per-class scale and bias), and their paired difference against vector scaling.
 
     python scripts/lt_posthoc.py --run-id <stage-1 run id> [--compare <its LAS run id>] --tracking-uri sqlite:///runs/mlflow.db
+    python scripts/lt_posthoc.py --experiment cifar10lt     # every stage-1 run of the store, each with its LAS runs
 
 Reads the run's logged ``predictions/{val,test}.npz`` and its ``class_counts`` param; writes nothing.
 
@@ -42,6 +43,7 @@ import torch
 
 from lungcal.calibration.metrics import calibration_report, ece, paired_bootstrap_diff
 from lungcal.calibration.scaling import make_calibrator
+from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2
 from lungcal.tracking.tracker import default_tracking_uri, open_store
 
 METHODS = ("none", "ts", "ts-ece", "prior", "prior+ts", "vector")
@@ -104,59 +106,88 @@ def _load(client, run_id: str, split: str) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(z["logits"], np.float64), np.asarray(z["labels"], np.int64)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--run-id", required=True, help="a CIFAR stage-1 MLflow run (its stage2 tag: none)")
-    ap.add_argument("--tracking-uri", default=None, help="default: the project's runs/mlflow.db")
-    ap.add_argument("--n-bins", type=int, default=15)
-    ap.add_argument("--n-bootstrap", type=int, default=1000)
-    ap.add_argument("--compare", nargs="*", default=[], metavar="RUN_ID",
-                    help="other runs scored on the same test images (e.g. the LAS run on this stage 1): a row "
-                         "each, and their paired difference against vector scaling")
-    args = ap.parse_args(argv)
-    client = open_store(args.tracking_uri or default_tracking_uri())
-    run = client.get_run(args.run_id)
+def print_table(client, run_id: str, compare: list[str], n_bins: int = 15, n_bootstrap: int = 1000) -> bool:
+    """Print the table of one stage-1 run (and the ``compare`` runs' rows); False if it is not a CIFAR run."""
+    run = client.get_run(run_id)
     if "class_counts" not in run.data.params:
-        print(f"run {args.run_id} has no class_counts param: not a CIFAR stage-1 run", file=sys.stderr)
-        return 2
+        print(f"run {run_id} has no class_counts param: not a CIFAR stage-1 run", file=sys.stderr)
+        return False
     counts = np.asarray(ast.literal_eval(run.data.params["class_counts"]), np.float64)
-    (zv, yv), (zt, yt) = _load(client, args.run_id, "val"), _load(client, args.run_id, "test")
-    fits = posthoc_probs(zv, yv, zt, counts, n_bins=args.n_bins)
+    (zv, yv), (zt, yt) = _load(client, run_id, "val"), _load(client, run_id, "test")
+    fits = posthoc_probs(zv, yv, zt, counts, n_bins=n_bins)
     base = fits["none"][0]
-    print(f"stage-1 run {args.run_id} ({run.data.params.get('method')}, {run.data.params.get('dataset')}); "
+
+    def diff(metric: str, a: np.ndarray, b: np.ndarray) -> str:
+        return _ci(paired_bootstrap_diff(metric, a, b, yt, n_bootstrap=n_bootstrap, n_bins=n_bins))
+
+    def row(name: str, fit: str, probs: np.ndarray, diffs: list[str]) -> str:
+        r = calibration_report(probs, yt, n_bins=n_bins, n_bootstrap=n_bootstrap)
+        return (f"| {name} | {fit} | {100 * r['acc']:.2f} | {100 * r['ece']:.2f} [{100 * r['ece_ci_low']:.2f}, "
+                f"{100 * r['ece_ci_high']:.2f}] | {100 * r['mean_confidence']:.2f} | {r['nll']:.3f} | "
+                f"{diffs[0]} | {diffs[1]} |")
+
+    print(f"stage-1 run {run_id} ({run.data.params.get('method')}, {run.data.params.get('dataset')}); "
           f"fitted on val ({len(yv)}), scored on test ({len(yt)}); training class counts "
-          f"{counts.astype(int).tolist()}. ACC, ECE ({args.n_bins} bins), mean confidence in %; "
+          f"{counts.astype(int).tolist()}. ACC, ECE ({n_bins} bins), mean confidence in %; "
           f"paired differences against none in pp, 95% paired-bootstrap CIs.\n")
     print("| post-hoc | fitted | ACC | ECE | mean conf. | NLL | ΔECE vs none | ΔACC vs none |")
     print("|---|---|---|---|---|---|---|---|")
     for name in METHODS:
         probs, fitted = fits[name]
-        r = calibration_report(probs, yt, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap)
         fit = ", ".join(f"{k} {v:.3f}" for k, v in fitted.items()) or "—"
-        diffs = ["", ""] if name == "none" else [
-            _ci(paired_bootstrap_diff(m, probs, base, yt, n_bootstrap=args.n_bootstrap, n_bins=args.n_bins))
-            for m in ("ece", "acc")]
-        print(f"| {name} | {fit} | {100 * r['acc']:.2f} | {100 * r['ece']:.2f} [{100 * r['ece_ci_low']:.2f}, "
-              f"{100 * r['ece_ci_high']:.2f}] | {100 * r['mean_confidence']:.2f} | {r['nll']:.3f} | "
-              f"{diffs[0]} | {diffs[1]} |")
-    for other in args.compare:
+        print(row(name, fit, probs, ["", ""] if name == "none" else [diff(m, probs, base) for m in ("ece", "acc")]))
+    notes = []
+    for other in compare:
         name = client.get_run(other).info.run_name or other
         z, y = _load(client, other, "test")
         if not np.array_equal(y, yt):
             print(f"run {other} was not scored on the same test images: left out", file=sys.stderr)
             continue
         probs = softmax(z)
-        r = calibration_report(probs, yt, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap)
-        diffs = [_ci(paired_bootstrap_diff(m, probs, base, yt, n_bootstrap=args.n_bootstrap, n_bins=args.n_bins))
-                 for m in ("ece", "acc")]
-        print(f"| run {name} | — | {100 * r['acc']:.2f} | {100 * r['ece']:.2f} [{100 * r['ece_ci_low']:.2f}, "
-              f"{100 * r['ece_ci_high']:.2f}] | {100 * r['mean_confidence']:.2f} | {r['nll']:.3f} | "
-              f"{diffs[0]} | {diffs[1]} |")
-        vec = fits["vector"][0]
-        print(f"\nvector − {name} (pp): " + "; ".join(
-            f"Δ{m.upper()} " + _ci(paired_bootstrap_diff(m, vec, probs, yt, n_bootstrap=args.n_bootstrap,
-                                                          n_bins=args.n_bins)) for m in ("ece", "acc")))
-    return 0
+        print(row(f"run {name}", "—", probs, [diff(m, probs, base) for m in ("ece", "acc")]))
+        notes.append(f"vector − {name} (pp): " + "; ".join(
+            f"Δ{m.upper()} " + diff(m, fits["vector"][0], probs) for m in ("ece", "acc")))
+    for note in notes:
+        print("\n" + note)
+    return True
+
+
+def stage1_runs(client, experiment: str) -> list[tuple[str, list[str]]]:
+    """``[(stage-1 run id, [its LAS run ids])]`` of the finished CIFAR stage-1 runs of ``experiment``."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise SystemExit(f"no experiment {experiment!r} in this tracking store")
+    runs = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time ASC"], max_results=1000)
+    las = [r for r in runs if r.data.tags.get(TAG_STAGE2) == "las"]
+    return [(r.info.run_id, [x.info.run_id for x in las if x.data.tags.get(TAG_PARENT) == r.info.run_id])
+            for r in runs if r.data.tags.get(TAG_STAGE2) == "none" and "class_counts" in r.data.params]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", help="a CIFAR stage-1 MLflow run (its stage2 tag: none)")
+    which.add_argument("--experiment", help="every finished stage-1 run of this experiment (e.g. cifar10lt), "
+                                            "each compared with its LAS runs")
+    ap.add_argument("--tracking-uri", default=None, help="default: the project's runs/mlflow.db")
+    ap.add_argument("--n-bins", type=int, default=15)
+    ap.add_argument("--n-bootstrap", type=int, default=1000)
+    ap.add_argument("--compare", nargs="*", default=[], metavar="RUN_ID",
+                    help="with --run-id: other runs scored on the same test images (e.g. the LAS run on this "
+                         "stage 1): a row each, and their paired difference against vector scaling")
+    args = ap.parse_args(argv)
+    client = open_store(args.tracking_uri or default_tracking_uri())
+    jobs = [(args.run_id, args.compare)] if args.run_id else stage1_runs(client, args.experiment)
+    if not jobs:
+        print(f"no finished CIFAR stage-1 run in experiment {args.experiment!r}", file=sys.stderr)
+        return 1
+    ok = True
+    for i, (run_id, compare) in enumerate(jobs):
+        if i:
+            print()
+        ok = print_table(client, run_id, compare, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap) and ok
+    return 0 if ok else 2
 
 
 if __name__ == "__main__":

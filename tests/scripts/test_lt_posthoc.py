@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from cifar_baselines.bundle import run_bundle
 from lungcal.calibration.metrics import ece
 from tests.scripts.conftest import load_script, tiny_stage1_run
 
@@ -74,3 +75,19 @@ def test_main_on_a_real_stage1_run(script, lt_data, tmp_path, monkeypatch, capsy
     assert "0 (same argmax)" in rows[1]  # TS: the accuracy difference is exactly 0
     counts = ast.literal_eval(MlflowClient(uri).get_run(run_id).data.params["class_counts"])
     assert f"training class counts {[int(c) for c in counts]}" in out and counts[0] > counts[-1]
+
+
+def test_experiment_mode_tables_each_stage1_run_with_its_las_runs(script, lt_data, tmp_path, monkeypatch, capsys):
+    folder, _ = lt_data
+    run_id, uri = tiny_stage1_run("cifar10lt_focal", folder, tmp_path, monkeypatch)
+    las = run_bundle("bundles/cifar10lt_las.json", {"data_dir": str(folder), "output_dir": str(tmp_path),
+                                                    "tracking_uri": uri, "batch_size": 64, "n_bootstrap": 20,
+                                                    "stage1_run_id": run_id, "epochs": 1})
+    assert script.stage1_runs(MlflowClient(uri), "cifar10lt") == [(run_id, [las["run_id"]])]  # not the TS run
+    capsys.readouterr()
+    assert script.main(["--experiment", "cifar10lt", "--tracking-uri", uri, "--n-bootstrap", "20"]) == 0
+    out = capsys.readouterr().out
+    las_name = MlflowClient(uri).get_run(las["run_id"]).info.run_name
+    assert out.count("| post-hoc |") == 1 and f"| run {las_name} |" in out and f"vector − {las_name} (pp)" in out
+    with pytest.raises(SystemExit):
+        script.main(["--experiment", "no_such", "--tracking-uri", uri])
