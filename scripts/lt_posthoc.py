@@ -58,8 +58,9 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 def ece_optimal_temperature(logits: np.ndarray, labels: np.ndarray, n_bins: int = 15,
                             grid: np.ndarray | None = None) -> float:
-    """The temperature on ``grid`` (default: 241 values, log-spaced over [0.1, 10]) with the lowest ECE."""
-    grid = np.geomspace(0.1, 10.0, 241) if grid is None else np.asarray(grid, np.float64)
+    """The temperature on ``grid`` with the lowest ECE. The default grid spans TS's own bounds,
+    [0.01, 100], with 481 log-spaced values (120 per decade: neighbours 2% apart)."""
+    grid = np.geomspace(0.01, 100.0, 481) if grid is None else np.asarray(grid, np.float64)
     scores = [ece(softmax(logits / t), labels, n_bins=n_bins) for t in grid]
     return float(grid[int(np.argmin(scores))])
 
