@@ -43,17 +43,11 @@ import torch
 
 from lungcal.calibration.metrics import calibration_report, ece, paired_bootstrap_diff
 from lungcal.calibration.scaling import make_calibrator
+from lungcal.engine.evaluate import probabilities as softmax  # row softmax in float64
 from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2
 from lungcal.tracking.tracker import default_tracking_uri, open_store
 
 METHODS = ("none", "ts", "ts-ece", "prior", "prior+ts", "vector")
-
-
-def softmax(z: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64."""
-    z = np.asarray(z, np.float64)
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def ece_optimal_temperature(logits: np.ndarray, labels: np.ndarray, n_bins: int = 15,
