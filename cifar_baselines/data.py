@@ -39,6 +39,7 @@ __all__ = [
     "CIFAR10_CLASSES", "CIFAR10_URL", "CIFAR10_MD5", "CIFAR_MEAN", "CIFAR_STD", "SHARED_MAKE_BATCHES",
     "DATASETS", "CifarSplits", "default_data_dir", "find_batches_dir", "download_cifar10", "load_cifar10",
     "cifar10_lt_counts", "lt_indices", "balanced_indices", "make_splits", "prepare_data_dir", "load_splits",
+    "OFFICIAL_MD5", "COPY_OFFICIAL", "COPY_JPEG", "COPY_UNVERIFIED", "data_copy", "pixel_hash",
 ]
 
 DATASETS = ("cifar10", "cifar10lt")
@@ -51,6 +52,18 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 SHARED_MAKE_BATCHES = Path("..") / "shared" / "data" / "cifar10" / "make_batches.py"
 _TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 _TEST_FILES = ("test_batch",)
+#: md5 of each file of the official archive's ``cifar-10-batches-py`` (as torchvision checks them)
+OFFICIAL_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",
+}
+#: the names of the copies a run can have trained on (the ``data_copy`` param of every CIFAR run)
+COPY_OFFICIAL = "official archive (md5 verified)"
+COPY_JPEG = "JPEG re-encoded copy (../shared: quality 75, 4:2:0, about 30 dB PSNR)"
+COPY_UNVERIFIED = "unverified copy (not the official archive's files)"
+#: written into a folder converted from the shared JPEG copy, so later runs can name it
+_JPEG_MARKER = "SOURCE_JPEG_COPY"
 
 
 def default_data_dir(output_dir: str | Path | None = None) -> Path:
@@ -196,11 +209,19 @@ class CifarSplits:
     test_y: torch.Tensor
     class_counts: list[int] = field(default_factory=list)
     fingerprint: str = ""
+    #: which copy of CIFAR-10 the pixels come from (:func:`data_copy`)
+    copy: str = ""
 
     def to(self, device: str | torch.device) -> CifarSplits:
         """Move every tensor (e.g. to a GPU, so batches never cross the bus)."""
         kw = {k: getattr(self, k).to(device) for k in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")}
-        return CifarSplits(**kw, class_counts=self.class_counts, fingerprint=self.fingerprint)
+        return CifarSplits(**kw, class_counts=self.class_counts, fingerprint=self.fingerprint, copy=self.copy)
+
+    def provenance(self) -> dict[str, str]:
+        """The MLflow params that say which pixels a run saw: the copy's name and a hash of the training and
+        test pixels (a run on other pixels, e.g. the official archive against the JPEG copy, differs)."""
+        return {"data_copy": self.copy, "train_pixels_sha256": pixel_hash(self.train_x),
+                "test_pixels_sha256": pixel_hash(self.test_x)}
 
 
 def _subset(idx: np.ndarray, labels: np.ndarray, n: int | None, seed: int) -> np.ndarray:
@@ -234,10 +255,43 @@ def prepare_data_dir(data_dir: str | Path, download: bool = False, convert_share
                   f"`python {SHARED_MAKE_BATCHES} {data_dir}` (about a minute)...", file=sys.stderr, flush=True)
             data_dir.mkdir(parents=True, exist_ok=True)
             subprocess.run([sys.executable, str(SHARED_MAKE_BATCHES), str(data_dir)], check=True)
-            return find_batches_dir(data_dir)
+            folder = find_batches_dir(data_dir)
+            (folder / _JPEG_MARKER).write_text(f"converted by {SHARED_MAKE_BATCHES}\n")
+            return folder
         if not download:
             raise
     return download_cifar10(data_dir)
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def data_copy(data_dir: str | Path) -> str:
+    """Which copy of CIFAR-10 ``data_dir`` holds: :data:`COPY_OFFICIAL` when every file's md5 is the official
+    archive's, :data:`COPY_JPEG` when the folder was converted from the shared JPEG copy (by
+    :func:`prepare_data_dir`, or by ``make_batches.py``, whose files carry their JPEG names), else
+    :data:`COPY_UNVERIFIED`."""
+    folder = find_batches_dir(data_dir)
+    if all(_md5(folder / name) == md5 for name, md5 in OFFICIAL_MD5.items()):
+        return COPY_OFFICIAL
+    if (folder / _JPEG_MARKER).is_file():
+        return COPY_JPEG
+    with open(folder / "test_batch", "rb") as f:
+        names = pickle.load(f, encoding="bytes").get(b"filenames", [])
+    if names and bytes(names[0]).endswith(b".jpg"):  # make_batches.py keeps the JPEG tree's file names
+        return COPY_JPEG
+    return COPY_UNVERIFIED
+
+
+def pixel_hash(images: torch.Tensor | np.ndarray) -> str:
+    """The first 16 hex digits of the SHA-256 of a ``uint8`` image tensor's bytes (its pixels, in order)."""
+    a = images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
 
 
 def make_splits(data_dir: str | Path, dataset: str = "cifar10", imb_factor: float = 0.01,
@@ -281,7 +335,7 @@ def make_splits(data_dir: str | Path, dataset: str = "cifar10", imb_factor: floa
         h.update(np.ascontiguousarray(a).tobytes())
     t = torch.from_numpy
     return CifarSplits(t(xtr[train]), t(ytr[train]), t(xtr[val]), t(ytr[val]), t(xte[test]), t(yte[test]),
-                       class_counts=counts, fingerprint=h.hexdigest()[:12])
+                       class_counts=counts, fingerprint=h.hexdigest()[:12], copy=data_copy(data_dir))
 
 
 def load_splits(dataset: str, *, data_dir: str | Path | None = None, output_dir: str | Path | None = None,

@@ -36,6 +36,7 @@ References:
 """
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 from collections.abc import Mapping
@@ -297,6 +298,33 @@ class Stage1Run(_TrackedRun):
         """``<output_dir>/checkpoints/<dataset>_<method>_<run id>.pt``."""
         return self.output_dir / "checkpoints" / f"{self.name}_{self.tracker.run_id}.pt"
 
+    def selection_path(self, kind: str) -> Path:
+        """The weights of a selected epoch (:class:`cifar_baselines.handlers.EpochSelection`): ``..._<kind>.pt``."""
+        return self.checkpoint_path().with_name(f"{self.checkpoint_path().stem}_{kind}.pt")
+
+    def _selected_epochs(self) -> list[tuple[str, dict]]:
+        """Test reports (with CIs) of the best-validation and the best-test epoch, when the bundle kept them.
+
+        Logged as ``test_best_val/*`` and ``test_best_test/*`` with the epochs as ``best_val_epoch`` and
+        ``best_test_epoch``; the last epoch stays the run's result (``test/*``). Returns summary rows.
+        """
+        rows = []
+        for kind, label in (("best_val", "best-val epoch"), ("best_test", "best-test epoch [MiSLAS conv.]")):
+            path = self.selection_path(kind)
+            if not path.is_file():
+                continue
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+            net = copy.deepcopy(self.module)
+            net.load_state_dict(blob["state_dict"])
+            logits = predict(net, self.data.test_x, channels_last=self.channels_last)
+            p = torch.softmax(logits.double(), dim=1).numpy()
+            report = calibration_report(p, self.data.test_y.cpu().numpy(), n_bins=self.n_bins,
+                                        n_bootstrap=self.n_bootstrap)
+            self.tracker.log_report(f"test_{kind}", report)
+            self.tracker.log_metrics({f"{kind}_epoch": int(blob["epoch"])})
+            rows.append((f"{label} {int(blob['epoch'])}", report))
+        return rows
+
     def run(self, trainer) -> dict:
         d = self.data
         if len(d.val_y) < self.world_size:
@@ -313,18 +341,20 @@ class Stage1Run(_TrackedRun):
                 tr.log_params({**self.settings, "train_precision": training_precision(d.train_x.device, self.amp),
                                "class_counts": d.class_counts, "n_train": len(d.train_y), "n_val": len(d.val_y),
                                "n_test": len(d.test_y), "split_fingerprint": d.fingerprint,
-                               "world_size": self.world_size})
+                               **d.provenance(), "world_size": self.world_size})
                 tr.log_dict(self.settings, "config/resolved.json")
             self._train(trainer, state, previous)
             wall = state.record.elapsed_s()  # every process's training time, when the run was resumed
             val_logits, test_logits, test = self._evaluate(f"{self.dataset} {self.method}")
+            selected = self._selected_epochs()
             tr.log_metrics({"train_wall_s": wall})
             tr.log_model(self.module, "model", extra=_MODEL_CONFIG)
             run_id, ckpt = tr.run_id, self.checkpoint_path()
         ts_run_id, temperature, test_ts = self._posthoc(run_id, val_logits, test_logits)
         state.clear()
         print(run_summary(f"{self.dataset} {self.method}",
-                          [(self.method, test), (f"+ TS (T {temperature:.3f})", test_ts)], [run_id, ts_run_id],
+                          [(self.method, test), (f"+ TS (T {temperature:.3f})", test_ts), *selected],
+                          [run_id, ts_run_id],
                           self.tracking_uri, self.output_dir,
                           next_step=self._command(f"bundles/{self.dataset}_las.json", stage1_run_id=run_id)),
               flush=True)
@@ -389,7 +419,8 @@ class LASRun(_TrackedRun):
                         run_id=previous) as tr:
             self.tracker = tr
             if not previous:
-                tr.log_params({**settings, "stage1_method": method, "class_counts": d.class_counts})
+                tr.log_params({**settings, "stage1_method": method, "class_counts": d.class_counts,
+                               **d.provenance()})
                 tr.log_dict({**settings, "stage1": self.stage1.settings}, "config/resolved.json")
             if state is not None:
                 self._train(trainer, state, previous)

@@ -131,3 +131,32 @@ def test_las_needs_a_stage1_model(tmp_path):
         load_stage1(None, None)
     with pytest.raises(ConfigError, match="checkpoint"):
         load_stage1(checkpoint=str(tmp_path / "nope.pt"))
+
+
+def test_stage1_records_its_data_copy_and_pixel_hashes(stage1, fake_cifar):
+    """Which pixels a run saw: the copy's name and a hash of the training and test pixels, on every run."""
+    from cifar_baselines.data import COPY_UNVERIFIED, load_splits, pixel_hash
+
+    common, res, _ = stage1
+    params = MlflowClient(common["tracking_uri"]).get_run(res["run_id"]).data.params
+    d = load_splits("cifar10lt", data_dir=fake_cifar, imb_factor=0.1, val_per_class=5)
+    assert params["data_copy"] == COPY_UNVERIFIED  # the fake files are not the official archive's
+    assert params["train_pixels_sha256"] == pixel_hash(d.train_x) and params["test_pixels_sha256"] == pixel_hash(d.test_x)
+    assert pixel_hash(d.train_x) != pixel_hash(d.train_x.flip(0))
+
+
+def test_stage1_reports_the_best_validation_and_best_test_epochs(stage1):
+    """The last epoch is the result; the best-val epoch and MiSLAS's best-test epoch are reported beside it."""
+    common, res, printed = stage1
+    c = MlflowClient(common["tracking_uri"])
+    run = c.get_run(res["run_id"])
+    test_acc = [m.value for m in sorted(c.get_metric_history(res["run_id"], "epoch_test/acc"), key=lambda m: m.step)]
+    # val/acc's history also holds the final report's value (logged after training): the epochs come first
+    val_acc = [m.value for m in sorted(c.get_metric_history(res["run_id"], "val/acc"), key=lambda m: m.timestamp)][:2]
+    assert len(test_acc) == 2
+    assert run.data.metrics["best_test_epoch"] == 1 + int(np.argmax(test_acc))  # the first of ties
+    assert run.data.metrics["best_val_epoch"] == 1 + int(np.argmax(val_acc))
+    assert run.data.metrics["test_best_test/acc"] == pytest.approx(max(test_acc))
+    assert run.data.metrics["test_best_test/acc"] >= run.data.metrics["test/acc"]  # chosen on test: never below
+    assert "test_best_val/ece_ci_low" in run.data.metrics
+    assert f"best-test epoch [MiSLAS conv.] {int(run.data.metrics['best_test_epoch'])}" in printed
