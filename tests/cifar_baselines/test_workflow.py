@@ -9,6 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from cifar_baselines.bundle import load_bundle, run_bundle
+from cifar_baselines.data import COPY_UNVERIFIED, load_splits, pixel_hash
 from cifar_baselines.workflow import load_stage1
 from lungcal.calibration.metrics import calibration_report
 from lungcal.errors import ConfigError
@@ -135,13 +136,12 @@ def test_las_needs_a_stage1_model(tmp_path):
 
 def test_stage1_records_its_data_copy_and_pixel_hashes(stage1, fake_cifar):
     """Which pixels a run saw: the copy's name and a hash of the training and test pixels, on every run."""
-    from cifar_baselines.data import COPY_UNVERIFIED, load_splits, pixel_hash
-
     common, res, _ = stage1
     params = MlflowClient(common["tracking_uri"]).get_run(res["run_id"]).data.params
     d = load_splits("cifar10lt", data_dir=fake_cifar, imb_factor=0.1, val_per_class=5)
     assert params["data_copy"] == COPY_UNVERIFIED  # the fake files are not the official archive's
-    assert params["train_pixels_sha256"] == pixel_hash(d.train_x) and params["test_pixels_sha256"] == pixel_hash(d.test_x)
+    assert params["train_pixels_sha256"] == pixel_hash(d.train_x)
+    assert params["test_pixels_sha256"] == pixel_hash(d.test_x)
     assert pixel_hash(d.train_x) != pixel_hash(d.train_x.flip(0))
 
 
