@@ -43,7 +43,7 @@ import torch
 
 from lungcal.calibration.metrics import calibration_report, ece, paired_bootstrap_diff
 from lungcal.calibration.scaling import make_calibrator
-from lungcal.engine.evaluate import probabilities as softmax  # row softmax in float64
+from lungcal.engine.evaluate.reports import probabilities as softmax  # row softmax in float64
 from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2
 from lungcal.tracking.tracker import default_tracking_uri, open_store
 

@@ -16,12 +16,13 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.prior import estimate_prior_em
+from lungcal.calibration.scaling import calibrated_probs
 from lungcal.cli import main
 from lungcal.data.manifest import load_manifest, rows_for_split
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.recalibrate import _predict
-from lungcal.engine.site_calibrator import calibrated_probs, reference_calibrator
+from lungcal.engine.evaluate.calibrators import reference_calibrator
+from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.site.recalibrate import _predict
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # so the EM assertion FAILED: B's shift is a scanner (covariate) shift, not only a label shift.
 # 2026-12-02: B's 3.2 mm slices failed the default series checks (max 3.0 mm) that inference applies,
 # and `recalibrate` now runs them too, so B is scanned at 3.0 mm (80 slices, the same 240 mm). The
-# run trained with scanner-noise augmentation (augment_noise_hu 30, lungcal.engine.bagset
+# run trained with scanner-noise augmentation (augment_noise_hu 30, lungcal.engine.data.bagset
 # random_noise) to test whether B's collapse is the model reading cancer into B's noise. It is not:
 # B's AUC 0.518 [0.40, 0.62] (A 0.788), shipped ECE 0.617 (p < 0.001), auto = Platt 0.050 (p 0.042),
 # prior 0.057, EM 1.000 (no signal): the AUC guard fails first (docs/results.md). The augmentation is

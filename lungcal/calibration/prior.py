@@ -20,6 +20,7 @@ References:
 """
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from typing import Any
@@ -27,9 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lungcal.calibration.scaling import calibrated_probs, calibrator_from_json
 from lungcal.errors import ConfigError, DataError
 
-__all__ = ["adjust_to_prior", "estimate_prior_em", "check_prior"]
+__all__ = ["adjust_to_prior", "estimate_prior_em", "check_prior", "PRIOR", "PriorAdjusted"]
 
 _PROB_TOL = 1e-6
 
@@ -148,3 +150,52 @@ def estimate_prior_em(probs, source_prior: float, tol: float = 1e-10, max_iter: 
     warnings.warn(f"estimate_prior_em did not converge in {max_iter} iterations (last step above tol={tol:g}); "
                   f"returning {pi:.6g}", RuntimeWarning, stacklevel=2)
     return pi
+
+
+#: the registry-like name of a stored prior adjustment (``lungcal.calibrator = prior``)
+PRIOR = "prior"
+
+
+class PriorAdjusted:
+    """The shipped calibrator followed by Bayes re-weighting from ``source_prior`` to ``target_prior``.
+
+    Args:
+        base: the fitted calibrator the model is shipped with (``None``: plain softmax).
+        source_prior: prevalence the base probabilities are calibrated to.
+        target_prior: the site's prevalence (given, or estimated by EM on its unlabelled CTs).
+        estimated_by: ``"given"`` or ``"em"`` (recorded only).
+    """
+
+    name = PRIOR
+
+    def __init__(self, base, source_prior: float, target_prior: float, estimated_by: str = "given") -> None:
+        self.base = base
+        self.source_prior, self.target_prior = float(source_prior), float(target_prior)
+        self.estimated_by = str(estimated_by)
+        adjust_to_prior(np.array([0.5]), self.source_prior, self.target_prior)  # ConfigError outside (0, 1)
+
+    def predict_proba(self, logits) -> np.ndarray:
+        """``(N, 2)`` adjusted probabilities."""
+        return adjust_to_prior(calibrated_probs(self.base, logits), self.source_prior, self.target_prior)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": PRIOR, "base": None if self.base is None else self.base.state_dict(),
+                "source_prior": self.source_prior, "target_prior": self.target_prior,
+                "estimated_by": self.estimated_by}
+
+    def to_json(self) -> str:
+        return json.dumps(self.state_dict(), allow_nan=False, sort_keys=True)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> PriorAdjusted:
+        base = state.get("base")
+        try:
+            return cls(None if base is None else calibrator_from_json(json.dumps(base)), state["source_prior"],
+                       state["target_prior"], state.get("estimated_by", "given"))
+        except KeyError as e:
+            raise DataError(f"stored prior adjustment lacks {e.args[0]!r}", field="calibrator",
+                            fix="refit it: rerun `lungcal recalibrate --prevalence P`") from e
+
+    def __repr__(self) -> str:
+        return (f"PriorAdjusted({self.base!r}, source={self.source_prior:.4f}, target={self.target_prior:.4f}, "
+                f"{self.estimated_by})")

@@ -53,6 +53,9 @@ __all__ = [
     "calibrator_from_json",
     "select_calibrator",
     "fit_warnings",
+    "no_signal",
+    "probabilities",
+    "calibrated_probs",
     "TemperatureScaler",
     "PlattScaler",
     "VectorScaler",
@@ -320,6 +323,22 @@ def select_calibrator(logits, labels, candidates: Sequence[str] = ("ts", "platt"
     return chosen, cal, cv_nll
 
 
+def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
+    """Softmax of ``logits / temperature`` as float64 ``(N, C)``."""
+    t = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
+    return torch.softmax(t / float(temperature), dim=1).numpy()
+
+
+def calibrated_probs(calibrator, logits) -> np.ndarray:
+    """``(N, C)`` float64 probabilities of ``calibrator`` (``None`` = plain softmax) on ``logits``."""
+    z = np.asarray(logits, dtype=np.float64)
+    if calibrator is None:
+        return probabilities(z)
+    if getattr(calibrator, "name", "") == "ts":  # softmax(z / T) in float64, as the stage-1 run reports it
+        return probabilities(z, calibrator.temperature)
+    return np.asarray(calibrator.predict_proba(z), dtype=np.float64)
+
+
 def fit_warnings(calibrator: _Calibrator, logits, labels) -> list[str]:
     """Why a fitted calibrator is "no signal" rather than a result, as short sentences.
 
@@ -357,6 +376,11 @@ def fit_warnings(calibrator: _Calibrator, logits, labels) -> list[str]:
     if rare < FEW_EVENTS:
         out.append(f"only {rare} cases of the rarer class (< {FEW_EVENTS}) in the fit split: CIs are wide")
     return out
+
+
+def no_signal(warnings: Sequence[str]) -> list[str]:
+    """The warnings of :func:`fit_warnings` that make a fit "no signal" (all but the few-events one)."""
+    return [w for w in warnings if "CIs are wide" not in w]
 
 
 # ----------------------------------------------------------------------------- base class
@@ -497,7 +521,7 @@ class TemperatureScaler(_Calibrator):
     """Temperature scaling: ``softmax(z / T)`` with one scalar T > 0.
 
     ``fit`` first centres each row of the logits (``z - mean(z)``, which leaves softmax(z / T)
-    unchanged; ``lungcal.engine.stage2.fit_temperature`` did this around the scaler before, and
+    unchanged; ``lungcal.engine.model.heads.fit_temperature`` did this around the scaler before, and
     the fitted T is the same), then minimises the mean NLL over ``log T`` (so T stays positive)
     in float64 numpy with a safeguarded Newton method that uses the analytic first and second
     derivatives of the NLL in log T (see :func:`_ts_objective`), starting at T = 1. If it fails

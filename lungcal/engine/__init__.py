@@ -1,8 +1,11 @@
-"""The CT stages that the bundles of ``bundles/`` wire together (see docs/architecture.md).
+"""The CT stages that the bundles of ``bundles/`` wire together, in rooms (see docs/architecture.md).
 
-- ``cohort`` / ``series_qc`` / ``bagset``: datalist -> series checks -> cached bags per split; the bag dataset;
-- ``steps`` / ``schedule`` / ``handlers`` / ``predict``: MONAI engine pieces (MIL batches, mixup, AMP, LR, MLflow);
-- ``stage1`` / ``posthoc`` / ``las`` / ``inference``: one run step per bundle workflow (+ ``summary``);
-- ``recalibrate`` / ``recalibrate_summary`` / ``unlabelled`` / ``site_calibrator``: a site's own calibration;
-- ``checkpoint`` / ``evaluate`` / ``stage2``: one stage-1 loader; test reports; a retrained head on features.
+Each room imports only the rooms below it (an import-linter contract in ``pyproject.toml``)::
+
+    site                      a hospital's own data: recalibration (``lungcal recalibrate``)
+    train      infer          stage 1, post-hoc, ensemble, LAS  |  scoring new CTs (``lungcal predict``)
+    evaluate                  reports, summaries, calibrators a run stores, case records, pictures
+    model      data           engine steps, handlers, checkpoints, predict  |  cohort, series checks, bags
+
+``commands.py`` registers the engine's sub-commands with the CLI (lazily).
 """

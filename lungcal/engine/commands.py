@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _recalibrate(args: argparse.Namespace) -> int:
-    from lungcal.engine.recalibrate import DEFAULT_QC, format_summary, recalibrate
+    from lungcal.engine.site.recalibrate import DEFAULT_QC, format_summary, recalibrate
 
     res = recalibrate(args.model, args.datalist, method=args.method, prevalence=args.prevalence,
                       unlabelled=args.unlabelled, source_prevalence=args.source_prevalence, site=args.site,
@@ -111,14 +111,14 @@ def _recalibrate(args: argparse.Namespace) -> int:
 
 
 def _build_bags(args: argparse.Namespace) -> int:
-    from lungcal.engine.bagbuild import LocalRunner, build_cohort, cohort_from_params
+    from lungcal.engine.data.bagbuild import LocalRunner, build_cohort, cohort_from_params
     from lungcal.errors import ConfigError
 
     splits = [s.strip() for s in str(args.splits).split(",") if s.strip()]
     cohort = cohort_from_params(args.params, args.datalist, output_dir=args.output_dir, num_workers=args.num_workers)
     if args.scheduler:
         try:
-            from lungcal.engine.dask_bags import DaskRunner
+            from lungcal.engine.data.dask_bags import DaskRunner
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] not in ("dask", "distributed"):
                 raise
@@ -138,7 +138,7 @@ def _predict(args: argparse.Namespace) -> int:
     import json
 
     from lungcal.ct.qc import QCConfig
-    from lungcal.engine.inference import InferenceRun
+    from lungcal.engine.infer.inference import InferenceRun
     from lungcal.errors import ConfigError
 
     fix = "pass a JSON object of QCConfig fields, e.g. '{\"max_slice_thickness_mm\": 3.5}'"

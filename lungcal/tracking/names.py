@@ -3,6 +3,11 @@
 Tags on every run: :data:`TAG_DATASET`, :data:`TAG_STAGE1`, :data:`TAG_STAGE2`, :data:`TAG_SITE`;
 :data:`TAG_PARENT` on stage-2 runs. Final metrics are ``{split}/{metric}`` (:func:`metric_name`),
 for example ``test/ece`` and ``test/ece_ci_low``.
+
+Artifacts, the same in the CT and the CIFAR runs, so that ``lungcal report`` finds them by name:
+``plots/{split}_{kind}.png`` (:func:`plot_artifact`: ``reliability``, ``risk_coverage``, ...),
+``predictions/{split}_predictions.{csv|npz}`` (:func:`predictions_artifact`), the resolved config
+:data:`CONFIG_ARTIFACT` and the model under :data:`MODEL_ARTIFACT`.
 """
 from __future__ import annotations
 
@@ -34,7 +39,14 @@ __all__ = [
     "MLFLOW_EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TRAINING",
     "CT_EXPERIMENT",
+    "PRIVATE_KEYS",
+    "CONFIG_ARTIFACT",
+    "MODEL_ARTIFACT",
+    "PLOTS_DIR",
+    "PREDICTIONS_DIR",
     "metric_name",
+    "plot_artifact",
+    "predictions_artifact",
 ]
 
 TAG_DATASET = "lungcal.dataset"
@@ -94,6 +106,27 @@ EXPERIMENT_KIND_TRAINING = "custom_model_development"
 
 #: the MLflow experiment of the CT runs (CIFAR runs use ``cifar10`` / ``cifar10lt``).
 CT_EXPERIMENT = "nlst"
+
+
+#: bundle keys never logged as they are (paths may carry identifiers); a datalist is logged as source + hash
+PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint", "init_checkpoint")
+
+#: the config a run ran with (macros expanded, overrides applied, paths left out)
+CONFIG_ARTIFACT = "config/resolved.json"
+#: the logged model (weights + what rebuilds the network)
+MODEL_ARTIFACT = "model"
+PLOTS_DIR = "plots"
+PREDICTIONS_DIR = "predictions"
+
+
+def plot_artifact(split: str, kind: str) -> str:
+    """``plots/{split}_{kind}.png``, e.g. ``plot_artifact("test", "reliability") == "plots/test_reliability.png"``."""
+    return f"{PLOTS_DIR}/{split}_{kind}.png"
+
+
+def predictions_artifact(split: str, suffix: str = "csv") -> str:
+    """``predictions/{split}_predictions.{suffix}``: one row per case (CT: CSV; CIFAR: ``npz`` of logits)."""
+    return f"{PREDICTIONS_DIR}/{split}_predictions.{suffix}"
 
 
 def metric_name(split: str, metric: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lungcal.calibration import auroc
-from lungcal.engine.ensemble import EnsembleRun
+from lungcal.engine.train.ensemble import EnsembleRun
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
@@ -34,7 +34,7 @@ def test_ensemble_bundle_holds_the_focal_recipe_and_the_wiring_holds_the_objects
     assert ens["member"] == focal["workflow"] == "%bundles/ct_common.json#workflow"
     assert ens["workflow"] == "%bundles/ct_common.json#ensemble" and ens["ensemble_members"] == 5
     common = json.loads((BUNDLES / "ct_common.json").read_text())
-    assert common["ensemble"]["_target_"] == "lungcal.engine.ensemble.EnsembleRun"
+    assert common["ensemble"]["_target_"] == "lungcal.engine.train.ensemble.EnsembleRun"
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,16 @@ import torch
 from mlflow.tracking import MlflowClient
 from monai.bundle import run
 
-from lungcal.calibration.prior import adjust_to_prior
-from lungcal.calibration.scaling import PlattScaler
+from lungcal.calibration.prior import PriorAdjusted, adjust_to_prior
+from lungcal.calibration.scaling import PlattScaler, probabilities
 from lungcal.candidates.cache import build_bags
 from lungcal.data.manifest import load_manifest
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine.bagset import BagSet
-from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.cohort import load_split
-from lungcal.engine.evaluate import probabilities
-from lungcal.engine.predict import predict
-from lungcal.engine.site_calibrator import PriorAdjusted, reference_calibrator
+from lungcal.engine.data.bagset import BagSet
+from lungcal.engine.data.cohort import load_split
+from lungcal.engine.evaluate.calibrators import reference_calibrator
+from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.model.predict import predict
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import RunTracker, default_tracking_uri
 

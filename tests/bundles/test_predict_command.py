@@ -24,10 +24,11 @@ from mlflow.tracking import MlflowClient
 from monai.bundle import run
 from PIL import Image
 
-from lungcal.calibration.scaling import PlattScaler
+from lungcal.calibration.scaling import PlattScaler, calibrated_probs
 from lungcal.cli import main
-from lungcal.engine.inference import InferenceRun
-from lungcal.engine.pictures import (
+from lungcal.engine.evaluate.calibrators import reference_calibrator
+from lungcal.engine.evaluate.cases import REFERRAL_METRIC, ReferralRule, referral_threshold
+from lungcal.engine.evaluate.pictures import (
     _patch,
     _plane,
     case_figure,
@@ -35,9 +36,8 @@ from lungcal.engine.pictures import (
     gallery_selection,
     log_split_pictures,
 )
-from lungcal.engine.predict import predict
-from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
-from lungcal.engine.site_calibrator import calibrated_probs, reference_calibrator
+from lungcal.engine.infer.inference import InferenceRun
+from lungcal.engine.model.predict import predict
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import (

@@ -15,8 +15,8 @@ from monai.bundle import ConfigParser
 import lungcal.candidates.cache as cache_module
 from lungcal.cli import build_parser, main
 from lungcal.data.manifest import load_manifest, save_manifest
-from lungcal.engine.bagbuild import LocalRunner, build_cohort
-from lungcal.engine.bagstream import StreamedBags
+from lungcal.engine.data.bagbuild import LocalRunner, build_cohort
+from lungcal.engine.data.bagstream import StreamedBags
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the tiny cohort is at 5 mm: series checks that accept its slices and pixels (as the bundle tests)

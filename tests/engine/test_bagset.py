@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 
-from lungcal.engine.bagset import BagSet, random_noise, random_orientation
+from lungcal.engine.data.bagset import BagSet, random_noise, random_orientation
 
 
 def _bag(k=3, p=6):

@@ -9,9 +9,9 @@ import torch
 
 from lungcal.candidates.bagfile import member_layout, read_member
 from lungcal.candidates.cache import CACHE_VERSION, BagCache
-from lungcal.engine.bagset import BagSet, random_orientation
-from lungcal.engine.bagstream import StreamedBags, seed_worker, stream_split
-from lungcal.engine.cohort import load_split
+from lungcal.engine.data.bagset import BagSet, random_orientation
+from lungcal.engine.data.bagstream import StreamedBags, seed_worker, stream_split
+from lungcal.engine.data.cohort import load_split
 from lungcal.errors import CacheError
 
 K, P, N = 4, 6, 10

@@ -7,7 +7,7 @@ import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from lungcal.engine.checkpoint import bag_params_of, build_network, load_checkpoint, load_stage1, network_config
+from lungcal.engine.model.checkpoint import bag_params_of, build_network, load_checkpoint, load_stage1, network_config
 from lungcal.errors import ConfigError
 from lungcal.mil import LogSumExpMIL, build_mil_model
 from lungcal.runtime.bundle_config import resolved_section

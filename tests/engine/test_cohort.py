@@ -21,9 +21,9 @@ from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCCheck, QCConfig, QCReport
 from lungcal.ct.transforms import build_preprocess
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine import series_qc
-from lungcal.engine.bagbuild import bag_tasks
-from lungcal.engine.cohort import CTCohort, chain_masker
+from lungcal.engine.data import series_qc
+from lungcal.engine.data.bagbuild import bag_tasks
+from lungcal.engine.data.cohort import CTCohort, chain_masker
 from lungcal.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def test_scoring_refuses_a_failing_series_naming_pseudonym_check_and_value(cut_c
     ok = [r for r, rep in zip(rows, reports) if not rep.failed]
     series_qc.refuse_failed(ok, [rep for rep in reports if not rep.failed])  # nothing failed: no error
     warned = QCConfig(warn_slice_thickness_mm=4.0, max_slice_thickness_mm=6.0, max_pixel_mm=6.0)
-    with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
+    with caplog.at_level(logging.WARNING, logger="lungcal.engine.data.series_qc"):
         assert series_qc.log_warnings(ok, series_qc.screen(ok, warned, tmp_path / "qc")) == len(ok)
     assert all(str(path.parent) not in m for m in caplog.messages) and ok[0]["subject"] in caplog.text
 
@@ -180,12 +180,12 @@ def test_many_warnings_are_one_line_per_check_with_count_and_first_case(caplog):
     rows = [{"subject": f"s{i:03d}", "image": f"/site/patient_{i}.nii.gz"} for i in range(30)]
     thick = QCCheck("slice_thickness", "warn", "3.00 mm", "slices of 3.0 mm are thicker than 2.5 mm")
     reports = [QCReport([thick]) for _ in rows[:25]] + [None] * 5
-    with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
+    with caplog.at_level(logging.WARNING, logger="lungcal.engine.data.series_qc"):
         assert series_qc.log_warnings(rows, reports) == 25
     assert len(caplog.records) == 1
     assert "slice_thickness warns for 25 of 30 CT(s) (first: s000" in caplog.text and "patient_" not in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lungcal.engine.series_qc"):
+    with caplog.at_level(logging.WARNING, logger="lungcal.engine.data.series_qc"):
         assert series_qc.log_warnings(rows[:3], reports[:3]) == 3  # few: each CT on its own line
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         f"series check slice_thickness warns for s00{i}" for i in range(3)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lungcal.engine.ensemble import EnsembleRun, check_compatible
+from lungcal.engine.train.ensemble import EnsembleRun, check_compatible
 from lungcal.errors import ConfigError
 
 NET = {"_target_": "lungcal.mil.LogSumExpMIL", "encoder": {"_target_": "lungcal.mil.SmallCNNEncoder", "embed_dim": 64}}
@@ -11,7 +11,7 @@ BAGS = {"spacing": [2.5, 2.5, 2.5], "k": 8, "patch_size": 16}
 
 
 def test_members_differ_in_seed_and_run_name_only(tmp_path):
-    cfg = {"seed": 7, "run_name": "x", "lr": 0.002, "member": {"_target_": "lungcal.engine.stage1.Stage1Run"}}
+    cfg = {"seed": 7, "run_name": "x", "lr": 0.002, "member": {"_target_": "lungcal.engine.train.stage1.Stage1Run"}}
     run = EnsembleRun(members=3, seed=7, run_name="ens", output_dir=tmp_path, config=cfg)
     configs = [run.member_config(i) for i in range(3)]
     assert [c["seed"] for c in configs] == [7, 8, 9]

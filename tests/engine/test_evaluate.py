@@ -1,4 +1,4 @@
-"""lungcal.engine.evaluate.log_split: the referral metrics of a binary split reach the tracker."""
+"""lungcal.engine.evaluate.reports.log_split: the referral metrics of a binary split reach the tracker."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.selective import aurc, metrics_at_coverage
-from lungcal.engine.evaluate import log_split
+from lungcal.engine.evaluate.reports import log_split
 
 
 class _Tracker:

@@ -6,7 +6,7 @@ import pytest
 
 from lungcal.candidates.cache import compute_bag
 from lungcal.data.manifest import load_manifest
-from lungcal.engine.instance_truth import candidate_truth, instance_report, read_nodule_truth
+from lungcal.engine.evaluate.instance_truth import candidate_truth, instance_report, read_nodule_truth
 from lungcal.errors import DataError
 
 

@@ -12,10 +12,10 @@ import torch
 from mlflow.tracking import MlflowClient
 from sklearn.linear_model import LogisticRegression
 
-from lungcal.calibration.scaling import PlattScaler, TemperatureScaler
-from lungcal.engine.evaluate import evaluate_probs, probabilities
-from lungcal.engine.posthoc import run_post_hoc
-from lungcal.engine.site_calibrator import load_calibrator, reference_calibrator
+from lungcal.calibration.scaling import PlattScaler, TemperatureScaler, probabilities
+from lungcal.engine.evaluate.calibrators import load_calibrator, reference_calibrator
+from lungcal.engine.evaluate.reports import evaluate_probs
+from lungcal.engine.train.posthoc import run_post_hoc
 from lungcal.tracking import TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, linked_calibrator
 
 

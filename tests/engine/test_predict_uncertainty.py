@@ -1,4 +1,4 @@
-"""MC dropout and per-CT uncertainty (lungcal.engine.predict): seeded, eval-mode BatchNorm, exact at T = 0."""
+"""MC dropout and per-CT uncertainty (lungcal.engine.model.predict): seeded, eval-mode BatchNorm, exact at T = 0."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from lungcal.calibration import decompose_uncertainty
-from lungcal.engine.bagset import BagSet
-from lungcal.engine.evaluate import probabilities
-from lungcal.engine.predict import (
+from lungcal.calibration.scaling import probabilities
+from lungcal.engine.data.bagset import BagSet
+from lungcal.engine.model.predict import (
     check_mc_samples,
     dropout_layers,
     ensemble_uncertainty,

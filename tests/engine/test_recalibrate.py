@@ -18,14 +18,19 @@ from mlflow.tracking import MlflowClient
 from sklearn.metrics import roc_auc_score
 
 from lungcal.calibration.metrics import calibration_slope_intercept, ece, oe_ratio
-from lungcal.calibration.prior import adjust_to_prior, estimate_prior_em
-from lungcal.calibration.scaling import PlattScaler, TemperatureScaler, make_calibrator, select_calibrator
+from lungcal.calibration.prior import PriorAdjusted, adjust_to_prior, estimate_prior_em
+from lungcal.calibration.scaling import (
+    PlattScaler,
+    TemperatureScaler,
+    make_calibrator,
+    probabilities,
+    select_calibrator,
+)
 from lungcal.cli import main
 from lungcal.ct.qc import QCCheck, QCReport
-from lungcal.engine import recalibrate as recalibrate_module
-from lungcal.engine.evaluate import probabilities
-from lungcal.engine.recalibrate import format_summary, recalibrate
-from lungcal.engine.site_calibrator import PriorAdjusted, load_calibrator, site_calibrator
+from lungcal.engine.evaluate.calibrators import load_calibrator, site_calibrator
+from lungcal.engine.site import recalibrate as recalibrate_module
+from lungcal.engine.site.recalibrate import format_summary, recalibrate
 from lungcal.errors import ConfigError, DataError
 from lungcal.mil.models import build_mil_model
 from lungcal.paths import atomic_write_text
@@ -79,15 +84,15 @@ def site(tmp_path, monkeypatch):
         parent = tr.run_id
     fake = {"val": _overconfident(400, 1, 4.0), "test": _overconfident(400, 2, 4.0)}
 
-    def fake_predict(net, rows, bag_params, cache_dir, num_workers, batch_size=16):
-        assert bag_params == {"k": 4}
+    def fake_score_rows(net, rows, bag_params, calibrator, *, cache_dir, num_workers=0, batch_size=16):
+        assert bag_params == {"k": 4} and calibrator is None  # recalibration scores the bare network
         split = "unlabelled" if rows[0]["site"] == "unlabelled" else rows[0]["split"]
         assert split in ("val", "test", "unlabelled")
         logits, y = fake[split]
         return {"logits": logits, "labels": y, "attention": torch.full((len(y), 4), 0.25),
                 "subjects": [f"p{i}" for i in range(len(y))], "candidates": None}
 
-    monkeypatch.setattr(recalibrate_module, "_predict", fake_predict)
+    monkeypatch.setattr(recalibrate_module, "score_rows", fake_score_rows)
     return {"datalist": dl, "checkpoint": ck, "uri": uri, "parent": parent, "fake": fake, "tmp": tmp_path}
 
 

@@ -256,7 +256,7 @@ def test_las_interrupted_after_its_run_opened_is_rerun_into_the_same_run(cohort,
         raise OSError(errno.EIO, "simulated crash while logging")
 
     with monkeypatch.context() as m:
-        m.setattr("lungcal.engine.las.log_split", crash)
+        m.setattr("lungcal.engine.train.las.log_split", crash)
         with pytest.raises(Exception):  # noqa: B017 - MONAI wraps the OSError
             run(config_file="bundles/nlst_las.json", logging_file=False, **las)
     run(config_file="bundles/nlst_las.json", logging_file=False, **las)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from lungcal.calibration.losses import FocalLoss
-from lungcal.engine.steps import MILEvalStep, MILPrepareBatch, MILTrainStep
+from lungcal.engine.model.steps import MILEvalStep, MILPrepareBatch, MILTrainStep
 from lungcal.mil import LogSumExpMIL, SmallCNNEncoder
 
 

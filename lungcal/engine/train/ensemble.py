@@ -3,14 +3,14 @@
 :class:`EnsembleRun` (bundle id ``workflow``) opens a parent MLflow run, then trains
 ``ensemble_members`` stage-1 models that differ only in their seed (``seed``, ``seed + 1``, ...).
 Each member is the bundle's ``member`` section (the stage-1 run step,
-:class:`lungcal.engine.stage1.Stage1Run`, i.e. ``ct_common.json#workflow``) built by a fresh
+:class:`lungcal.engine.train.stage1.Stage1Run`, i.e. ``ct_common.json#workflow``) built by a fresh
 :class:`monai.bundle.ConfigParser` of the same config with that seed, after the bundle's
 ``initialize`` step: member ``i`` is exactly the stage-1 bundle run with ``--seed <seed + i>``
 (its own checkpoint, test report and TS run), nested under the parent (``mlflow.parentRunId``,
 ``lungcal.ensemble = member``).
 
 The parent run (``lungcal.stage2 = ensemble``, ``lungcal.ensemble = parent``) evaluates the
-members' *average probability* (:func:`lungcal.engine.predict.ensemble_uncertainty`): test report
+members' *average probability* (:func:`lungcal.engine.model.predict.ensemble_uncertainty`): test report
 with bootstrap CIs, predictions with each CT's entropy and mutual information across members
 (``test/mean_entropy``, ``test/mean_mi``), the referral metrics and plots. The post-hoc
 calibrators (``post_hoc``, default TS) are then fitted on validation on the *log of the averaged
@@ -45,14 +45,13 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 from monai.bundle import ConfigParser
 
-from lungcal.engine.checkpoint import bag_params_of, load_stage1
-from lungcal.engine.cohort import resolve_output_dir
-from lungcal.engine.evaluate import evaluate_probs, log_split
-from lungcal.engine.pictures import check_picture_mode
-from lungcal.engine.posthoc import run_post_hoc
-from lungcal.engine.predict import ensemble_uncertainty, predict_uncertainty
-from lungcal.engine.stage1 import PRIVATE_KEYS
-from lungcal.engine.summary import summary_lines
+from lungcal.engine.data.cohort import resolve_output_dir
+from lungcal.engine.evaluate.pictures import check_picture_mode
+from lungcal.engine.evaluate.reports import evaluate_probs, log_split
+from lungcal.engine.evaluate.summary import summary_lines
+from lungcal.engine.model.checkpoint import bag_params_of, load_stage1
+from lungcal.engine.model.predict import ensemble_uncertainty, predict_uncertainty
+from lungcal.engine.train.posthoc import run_post_hoc
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device
@@ -60,6 +59,7 @@ from lungcal.runtime.bundle_config import active_config, hyperparameters
 from lungcal.runtime.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.tracking import (
     CT_EXPERIMENT,
+    PRIVATE_KEYS,
     TAG_DATASET,
     TAG_ENSEMBLE,
     TAG_SITE,
@@ -101,7 +101,7 @@ class EnsembleRun:
         member: the bundle id of the member run step (default ``member``).
         config: the bundle config (default: the running bundle's).
         resume: continue an interrupted ensemble run of the same config (default); ``False`` starts afresh.
-        test_pictures: as for :class:`~lungcal.engine.stage1.Stage1Run`, drawn at the ensemble's
+        test_pictures: as for :class:`~lungcal.engine.train.stage1.Stage1Run`, drawn at the ensemble's
             calibrated probabilities (the members draw none).
     """
 

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from lungcal.engine.inputs import resolve_image
+from lungcal.engine.data.inputs import resolve_image
 from lungcal.errors import DataError
 
 __all__ = ["CT_SUFFIXES", "unlabelled_rows"]

@@ -15,7 +15,7 @@ gets ``val/prevalence`` (and ``train/prevalence`` when the caller passes the tra
 "no signal" (:func:`lungcal.calibration.scaling.fit_warnings`: a parameter on its bound, a fit
 that did not converge, a validation AUC at chance) gets the tag ``lungcal.fit_warning``. Each
 post-hoc run also stores ``val/referral_threshold_cov90``, the referral rule inference applies
-(:class:`lungcal.engine.scoring.ReferralRule`).
+(:class:`lungcal.engine.evaluate.cases.ReferralRule`).
 """
 from __future__ import annotations
 
@@ -27,11 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lungcal.calibration.scaling import fit_warnings, make_calibrator
-from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-from lungcal.engine.pictures import log_split_pictures
-from lungcal.engine.scoring import REFERRAL_METRIC, ReferralRule, referral_threshold
-from lungcal.engine.site_calibrator import calibrated_probs
+from lungcal.calibration.scaling import calibrated_probs, fit_warnings, make_calibrator, no_signal, probabilities
+from lungcal.engine.evaluate.cases import REFERRAL_METRIC, ReferralRule, referral_threshold
+from lungcal.engine.evaluate.pictures import log_split_pictures
+from lungcal.engine.evaluate.reports import evaluate_probs, log_split
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import (
     CT_EXPERIMENT,
@@ -42,17 +41,12 @@ from lungcal.tracking import (
     add_run_metrics,
 )
 
-__all__ = ["PostHocResult", "run_post_hoc", "prevalence", "no_signal"]
+__all__ = ["PostHocResult", "run_post_hoc", "prevalence"]
 
 
 def prevalence(labels) -> float:
     """The fraction of positive (class 1) cases."""
     return float(np.mean(np.asarray(labels) == 1))
-
-
-def no_signal(warnings: Sequence[str]) -> list[str]:
-    """The warnings of :func:`fit_warnings` that make a fit "no signal" (all but the few-events one)."""
-    return [w for w in warnings if "CIs are wide" not in w]
 
 
 class PostHocResult(dict):
@@ -67,8 +61,8 @@ def run_post_hoc(names: Sequence[str], *, stage1_run_id: str, run_name: str, tag
                  test_pictures: str = "none") -> list[PostHocResult]:
     """Fit each calibrator of ``names`` on validation, evaluate on test, log a linked run per calibrator.
 
-    ``test_pictures`` (:data:`lungcal.engine.pictures.PICTURE_MODES`): the reference calibrator's
-    run (``ts`` when listed, else the first, as :func:`~lungcal.engine.site_calibrator.reference_calibrator`
+    ``test_pictures`` (:data:`lungcal.engine.evaluate.pictures.PICTURE_MODES`): the reference calibrator's
+    run (``ts`` when listed, else the first, as :func:`~lungcal.engine.evaluate.calibrators.reference_calibrator`
     prefers it; the one inference applies) gets the per-CT pictures of the test split at its
     calibrated probabilities and referral rule, and their gallery (:func:`log_split_pictures`).
     """

@@ -1,6 +1,6 @@
 """Stage-1 checkpoints: what they hold, and the one way to load a stage-1 model (run id or file).
 
-A checkpoint (``best.pt`` / ``last.pt``, written by :class:`lungcal.engine.handlers.AtomicCheckpoint`)
+A checkpoint (``best.pt`` / ``last.pt``, written by :class:`lungcal.engine.model.handlers.AtomicCheckpoint`)
 is ``{"state_dict", "epoch", "metric", "network_def", "bag_params", "method"}``:
 
 - ``network_def``: the bundle's ``network_def`` config with its ``@`` references resolved, so any

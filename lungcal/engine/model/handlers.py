@@ -103,7 +103,7 @@ class AtomicCheckpoint:
     """Keeps ``best.pt`` (highest ``metric_name`` on the evaluator) and ``last.pt`` (each epoch).
 
     A checkpoint is ``{"state_dict", "epoch", "metric", **extra}``; ``extra`` carries what is
-    needed to rebuild the model (see :mod:`lungcal.engine.checkpoint`). Files are written
+    needed to rebuild the model (see :mod:`lungcal.engine.model.checkpoint`). Files are written
     atomically. The first epoch is always saved, then only strict improvements; a NaN metric (a
     one-class validation split) never wins later.
 

@@ -11,20 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lungcal.calibration.metrics import calibration_report
 from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
+from lungcal.calibration.scaling import probabilities
 from lungcal.calibration.selective import predictive_entropy, selective_report
 from lungcal.paths import atomic_write
 
 __all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
-
-
-def probabilities(logits, temperature: float = 1.0) -> np.ndarray:
-    """Softmax of ``logits / temperature`` as float64 ``(N, C)``."""
-    t = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
-    return torch.softmax(t / float(temperature), dim=1).numpy()
 
 
 def evaluate_probs(probs, labels, *, n_bins: int = 10, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:

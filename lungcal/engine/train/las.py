@@ -1,6 +1,6 @@
 """The run step of ``bundles/nlst_las.json``: stage 2 by label-aware smoothing on a stage-1 model.
 
-The stage-1 network is loaded from its run or checkpoint (:func:`lungcal.engine.checkpoint.load_stage1`,
+The stage-1 network is loaded from its run or checkpoint (:func:`lungcal.engine.model.checkpoint.load_stage1`,
 whatever ``network_def`` it was trained with), frozen, and only its head is retrained with LAS on
 cached train features (:func:`lungcal.calibration.las.retrain_head_las`); the test split is
 reported in a run linked to the stage-1 run.
@@ -19,12 +19,13 @@ import time
 from typing import Any
 
 from lungcal.calibration.las import class_counts_from_labels, retrain_head_las
-from lungcal.engine.checkpoint import kernel_augment_of, load_stage1, network_config
-from lungcal.engine.cohort import CTCohort, resolve_output_dir
-from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-from lungcal.engine.predict import predict
-from lungcal.engine.stage2 import apply_head
-from lungcal.engine.summary import summary_lines
+from lungcal.calibration.scaling import probabilities
+from lungcal.engine.data.cohort import CTCohort, resolve_output_dir
+from lungcal.engine.evaluate.reports import evaluate_probs, log_split
+from lungcal.engine.evaluate.summary import summary_lines
+from lungcal.engine.model.checkpoint import kernel_augment_of, load_stage1, network_config
+from lungcal.engine.model.heads import apply_head
+from lungcal.engine.model.predict import predict
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device

@@ -35,25 +35,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lungcal.calibration.metrics import ece_consistency_pvalue
-from lungcal.calibration.prior import adjust_to_prior, check_prior, estimate_prior_em
-from lungcal.calibration.scaling import CALIBRATORS, FEW_EVENTS, fit_warnings, make_calibrator, select_calibrator
-from lungcal.candidates.cache import BagParams, build_bags, masker_from_config
+from lungcal.calibration.prior import PRIOR, PriorAdjusted, adjust_to_prior, check_prior, estimate_prior_em
+from lungcal.calibration.scaling import (
+    CALIBRATORS,
+    FEW_EVENTS,
+    calibrated_probs,
+    fit_warnings,
+    make_calibrator,
+    no_signal,
+    probabilities,
+    select_calibrator,
+)
+from lungcal.candidates.cache import BagParams, masker_from_config
 from lungcal.ct.qc import QCConfig
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
-from lungcal.engine.bagset import BagSet
-from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.cohort import load_split
-from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-from lungcal.engine.posthoc import no_signal
-from lungcal.engine.predict import predict
-from lungcal.engine.recalibrate_summary import format_summary
-from lungcal.engine.scoring import REFERRAL_METRIC, referral_threshold
-from lungcal.engine.series_qc import keep_passing, screen
-from lungcal.engine.site_calibrator import PRIOR, PriorAdjusted, calibrated_probs, reference_calibrator
-from lungcal.engine.unlabelled import unlabelled_rows
+from lungcal.engine.data.series_qc import keep_passing, screen
+from lungcal.engine.data.unlabelled import unlabelled_rows
+from lungcal.engine.evaluate.calibrators import reference_calibrator
+from lungcal.engine.evaluate.cases import REFERRAL_METRIC, referral_threshold
+from lungcal.engine.evaluate.reports import evaluate_probs, log_split
+from lungcal.engine.infer.scoring import score_rows
+from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.site.recalibrate_summary import format_summary
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import (
@@ -135,17 +140,6 @@ def _screen(rows: list[dict], bag_params, qc: QCConfig | None, out_dir: Path, nu
         raise DataError(f"every {what} CT fails a series check", field="--datalist",
                         fix="run `lungcal qc` on the site's CTs to see why (--no-qc scores them anyway)")
     return kept, skipped
-
-
-def _predict(net, rows, bag_params, cache_dir: Path, num_workers: int, batch_size: int = 16) -> dict[str, Any]:
-    built = build_bags(rows, bag_params, cache_dir, num_workers=num_workers)
-    split = load_split(built)
-    loader = torch.utils.data.DataLoader(BagSet(split["bags"], split["mask"], split["labels"]),
-                                         batch_size=batch_size, shuffle=False)
-    with torch.no_grad():
-        out = predict(net, loader)
-    out.update(subjects=split["subjects"], candidates=split["candidates"], labels=split["labels"])
-    return out
 
 
 def _source_prior(uri: str, stage1, ref_run, explicit: float | None) -> tuple[float, str]:
@@ -236,9 +230,9 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     if unl_rows is not None:
         unl_rows, skipped["unlabelled"] = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
     _site_labels(val_rows, test_rows, datalist)
-    val = _predict(net, val_rows, bag_params, cache, num_workers)
-    test = _predict(net, test_rows, bag_params, cache, num_workers)
-    unl = _predict(net, unl_rows, bag_params, cache, num_workers) if unl_rows is not None else None
+    val, test, unl = (None if r is None else score_rows(net, r, bag_params, None, cache_dir=cache,
+                                                        num_workers=num_workers)
+                      for r in (val_rows, test_rows, unl_rows))
 
     chosen_local, fitted, cv_nll = _fit_local(method, val, seed)
     probs: dict[str, np.ndarray] = {"uncalibrated": probabilities(test["logits"])}

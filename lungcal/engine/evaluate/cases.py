@@ -1,65 +1,50 @@
-"""Scoring CTs with a stage-1 model: the one code path of ``lungcal predict`` and ``bundles/inference.json``.
+"""One scored CT as a clinician reads it: its record, the referral rule, the printed line.
 
-:func:`score_rows` builds (or reuses) the bags, runs the network, applies the calibrator and
-returns the calibrated probability, attention and candidates of every CT; :func:`case_record`
-turns one CT into the record written as ``cases/<pseudonym>.json``:
+A scoring path (:func:`lungcal.engine.infer.scoring.score_rows`, or a stage-1 run's test split) gives
+calibrated probabilities, attention and candidates; :func:`case_record` turns CT ``i`` into the record
+written as ``cases/<pseudonym>.json``:
 
 - ``probability``: calibrated p(cancer); ``confidence`` = max(p, 1 - p);
-- ``uncertainty``: the predictive entropy of ``probability`` (nats) always; when the predict
-  function returns member probabilities (``samples``, ``(M, N, C)``: MC-dropout passes or ensemble
-  members, issue 18 item 1), each member goes through the same calibrator (on its log
-  probabilities) and the record adds their mutual information (the epistemic part), standard
-  deviation and 10-90 % interval; without them these are ``null``;
+- ``uncertainty``: the predictive entropy of ``probability`` (nats) always; with member probabilities
+  (MC-dropout passes or ensemble members), their mutual information, standard deviation and 10-90 %
+  interval; without them these are ``null``;
 - ``referral``: the :class:`ReferralRule` and its verdict for this CT;
-- ``candidates``: the ``top_k`` most attended candidates, most attended first: attention, centre
-  in RAS mm (MONAI world) and LPS mm (DICOM patient coordinates, what a PACS viewer shows), radius
-  and detector score.
+- ``candidates``: the ``top_k`` most attended candidates, most attended first: attention, centre in RAS
+  mm (MONAI world) and LPS mm (DICOM patient coordinates, what a PACS viewer shows), radius and
+  detector score.
 
-Referral rule (documented, one of):
+Referral rule (one of):
 
 - ``--refer-below C``: refer when confidence < C;
-- else the *validation rule*: the calibrator run that is applied (the stage-1 run's post-hoc run,
-  or the site's ``lungcal recalibrate`` run) stores :data:`REFERRAL_METRIC`, the confidence of the
-  least confident case kept when the 10 % least confident cases of its validation split are
-  referred (:func:`referral_threshold`, calibrated probabilities); refer when confidence < it;
-- else (a checkpoint, an explicit temperature, or a run stored before the metric existed): no
-  rule; ``refer`` is ``null``.
+- else the *validation rule*: the calibrator run that is applied (the stage-1 run's post-hoc run, or
+  the site's ``lungcal recalibrate`` run) stores :data:`REFERRAL_METRIC`, the confidence of the least
+  confident case kept when the 10 % least confident cases of its validation split are referred
+  (:func:`referral_threshold`, calibrated probabilities); refer when confidence < it;
+- else (a checkpoint, an explicit temperature, or a run stored before the metric existed): no rule;
+  ``refer`` is ``null``.
+
+Training (the post-hoc runs store the rule), inference and site recalibration all use it, so it lives
+below them.
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lungcal.calibration.selective import mutual_information, predictive_entropy
-from lungcal.candidates.cache import build_bags
-from lungcal.engine.bagset import BagSet
-from lungcal.engine.cohort import load_split
-from lungcal.engine.predict import predict
-from lungcal.engine.site_calibrator import calibrated_probs
 from lungcal.errors import ConfigError
-from lungcal.paths import atomic_write, atomic_write_text
 
-__all__ = ["REFERRAL_COVERAGE", "REFERRAL_METRIC", "MEMBER_SAMPLES", "ReferralRule", "referral_threshold",
-           "confidence", "position_text", "score_rows", "uncertainty_fields", "case_record", "write_outputs",
-           "answer_line"]
+__all__ = ["REFERRAL_COVERAGE", "REFERRAL_METRIC", "ReferralRule", "referral_threshold", "confidence",
+           "position_text", "uncertainty_fields", "case_record", "answer_line"]
 
 #: share of validation cases kept by the validation referral rule (the 10 % least confident are referred)
 REFERRAL_COVERAGE = 0.9
 #: the metric a calibrator run stores: the confidence below which its validation cases were referred
 REFERRAL_METRIC = "val/referral_threshold_cov90"
-#: the key of MC-dropout / ensemble member probabilities ``(M, N, C)`` in a predict function's output
-MEMBER_SAMPLES = "samples"
-PREDICTION_COLUMNS = ("subject", "probability", "temperature", "top_candidate", "top_attention", "calibrator",
-                      "confidence", "referred", "entropy", "mutual_information", "probability_sd")
 
 
 def confidence(p1) -> np.ndarray:
@@ -137,36 +122,6 @@ class ReferralRule:
         return {"threshold": self.threshold, "source": self.source, "coverage": self.coverage, "rule": self.describe()}
 
 
-def score_rows(network, rows: Sequence[Mapping[str, Any]], bag_params, calibrator, *, cache_dir: str | os.PathLike,
-               device=None, batch_size: int = 16, num_workers: int = 0,
-               predict_fn=predict) -> dict[str, Any]:
-    """Bags, predictions and calibrated probabilities of ``rows`` (one CT each, in order).
-
-    ``predict_fn(network, loader, device)`` returns ``logits`` and ``attention`` (and optionally
-    ``samples``, see the module doc); :func:`lungcal.engine.predict.predict` by default.
-
-    Returns:
-        ``{"subjects", "rows", "logits" (N, C), "probs" (N, C) calibrated, "attention" (N, K),
-        "candidates" (per CT: ``world`` RAS mm, ``radius_mm``, ``score``), "member_probs" ((M, N, C)
-        calibrated, or None)}``.
-    """
-    built = build_bags(list(rows), bag_params, cache_dir, num_workers=num_workers)
-    split = load_split(built)
-    labels = torch.zeros(len(built), dtype=torch.long)
-    loader = torch.utils.data.DataLoader(BagSet(split["bags"], split["mask"], labels), batch_size=batch_size,
-                                         shuffle=False)
-    out = predict_fn(network, loader, device)
-    logits = _numpy(out["logits"])
-    samples = out.get(MEMBER_SAMPLES)
-    member_probs = None
-    if samples is not None and len(samples):  # each member's probabilities, through the same calibrator
-        member_probs = np.stack([calibrated_probs(calibrator, np.log(np.clip(_numpy(s), 1e-300, None)))
-                                 for s in samples])
-    return {"subjects": split["subjects"], "rows": list(rows), "logits": logits,
-            "probs": calibrated_probs(calibrator, logits), "attention": _numpy(out["attention"]),
-            "candidates": split["candidates"], "member_probs": member_probs}
-
-
 def uncertainty_fields(p1: float, member_p1: np.ndarray | None = None, method: str = "MC samples") -> dict[str, Any]:
     """The ``uncertainty`` of one CT: entropy always; mutual information, sd and interval with member samples."""
     fields: dict[str, Any] = {"entropy": float(predictive_entropy(np.array([p1]))[0]), "mutual_information": None,
@@ -222,49 +177,11 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
     return record
 
 
-def write_outputs(folder: str | os.PathLike, scores: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
-                  temperature: float) -> dict[str, Path]:
-    """``predictions.csv`` (one row per CT), ``candidates/<pseudonym>.csv`` (every candidate) and
-    ``cases/<pseudonym>.json``; all atomic. Returns their paths (``predictions``, ``cases``)."""
-    folder = Path(folder)
-    pred = folder / "predictions.csv"
-    with atomic_write(pred, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(PREDICTION_COLUMNS)
-        for i, case in enumerate(cases):
-            att = np.asarray(scores["attention"][i])
-            j = int(att.argmax()) if att.size else -1
-            unc, ref = case["uncertainty"], case["referral"]
-            w.writerow([case["pseudonym"], f"{case['probability']:.6f}",
-                        "" if temperature != temperature else f"{temperature:.4f}", j,
-                        f"{att[j]:.6f}" if j >= 0 else "", case["calibrator"], f"{case['confidence']:.6f}",
-                        "" if ref["refer"] is None else int(ref["refer"]), f"{unc['entropy']:.6f}",
-                        _fmt(unc["mutual_information"]), _fmt(unc["probability_sd"])])
-    for i, case in enumerate(cases):
-        c, att = scores["candidates"][i], np.asarray(scores["attention"][i])
-        with atomic_write(folder / "candidates" / f"{case['pseudonym']}.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["slot", "x_mm", "y_mm", "z_mm", "radius_mm", "score", "attention"])
-            for j in range(len(c["score"])):
-                w.writerow([j, *(f"{v:.2f}" for v in c["world"][j]), f"{c['radius_mm'][j]:.2f}",
-                            f"{c['score'][j]:.4f}", f"{att[j]:.6f}"])
-        atomic_write_text(folder / "cases" / f"{case['pseudonym']}.json", json.dumps(case, indent=1))
-    return {"predictions": pred, "cases": folder / "cases"}
-
-
 def position_text(ras_mm: Sequence[float]) -> str:
     """``"R 45  P 12  I 130 mm"``: RAS world mm as patient directions (the side each coordinate points to)."""
     x, y, z = (float(v) for v in ras_mm)
     return (f"{'R' if x >= 0 else 'L'} {abs(x):.0f}  {'A' if y >= 0 else 'P'} {abs(y):.0f}  "
             f"{'S' if z >= 0 else 'I'} {abs(z):.0f} mm")
-
-
-def _numpy(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def _fmt(v) -> str:
-    return "" if v is None else f"{float(v):.6f}"
 
 
 def answer_line(case: Mapping[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """One picture per scored CT, for a clinician to check at a glance, and the gallery a run logs.
 
 :func:`case_figure` draws, from the CT in HU (as :func:`lungcal.ct.io.load_ct` returns it: RAS,
-native grid) and the case record of :mod:`lungcal.engine.scoring`:
+native grid) and the case record of :mod:`lungcal.engine.infer.scoring`:
 
 - the calibrated probability of cancer on a 0-1 bar, with its uncertainty interval when the model
   gave one (MC samples), the referral band (probabilities whose confidence is below the referral
@@ -34,7 +34,7 @@ from matplotlib.patches import Ellipse, Rectangle
 from tqdm.auto import tqdm
 
 from lungcal.ct.io import load_ct
-from lungcal.engine.scoring import ReferralRule, case_record, position_text
+from lungcal.engine.evaluate.cases import ReferralRule, case_record, position_text
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write
 
@@ -231,7 +231,7 @@ def case_figure(image, case: Mapping[str, Any], *, patch_mm: float = 40.0, n_can
     Args:
         image: the CT in HU: a ``(1, X, Y, Z)`` MetaTensor from :func:`lungcal.ct.io.load_ct`, or
             ``(array (X, Y, Z), affine)`` in RAS.
-        case: the case record (:func:`lungcal.engine.scoring.case_record`): ``pseudonym``,
+        case: the case record (:func:`lungcal.engine.evaluate.cases.case_record`): ``pseudonym``,
             ``probability``, ``calibrator``, ``uncertainty``, ``referral``, ``candidates`` (each
             with ``ras_mm``, ``radius_mm``, ``attention``; most attended first).
         patch_mm: width of each candidate patch.

@@ -4,7 +4,7 @@ Everything it runs is built by the bundle (``network``, ``train#trainer`` with i
 ``validate#evaluator``, ``cohort``); this step only adds what a config cannot say in order: open
 the MLflow run, bind the checkpoint and epoch-logging handlers to it, train, reload the best
 checkpoint, evaluate the test split with bootstrap CIs, run the post-hoc calibrators
-(:mod:`lungcal.engine.posthoc`) and print the summary.
+(:mod:`lungcal.engine.train.posthoc`) and print the summary.
 
 Resume (:mod:`lungcal.runtime.resume`): rerunning the same bundle with the same settings after an
 interruption continues from the last complete epoch into the same MLflow run; ``resume: false``
@@ -35,14 +35,15 @@ import torch
 from torch import nn
 
 from lungcal.calibration.metrics import paired_bootstrap_diff
-from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.cohort import SPLITS, CTCohort, resolve_output_dir
-from lungcal.engine.evaluate import evaluate_probs, log_split, probabilities
-from lungcal.engine.handlers import AtomicCheckpoint, EpochMetricsLogger
-from lungcal.engine.pictures import check_picture_mode
-from lungcal.engine.posthoc import run_post_hoc
-from lungcal.engine.predict import check_mc_samples, predict, predict_uncertainty
-from lungcal.engine.summary import summary_lines
+from lungcal.calibration.scaling import probabilities
+from lungcal.engine.data.cohort import SPLITS, CTCohort, resolve_output_dir
+from lungcal.engine.evaluate.pictures import check_picture_mode
+from lungcal.engine.evaluate.reports import evaluate_probs, log_split
+from lungcal.engine.evaluate.summary import summary_lines
+from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.model.handlers import AtomicCheckpoint, EpochMetricsLogger
+from lungcal.engine.model.predict import check_mc_samples, predict, predict_uncertainty
+from lungcal.engine.train.posthoc import run_post_hoc
 from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device, seed_everything
 from lungcal.runtime.bundle_config import active_config, hyperparameters, resolved_section, unused_keys
@@ -58,6 +59,7 @@ from lungcal.runtime.resume import (
 )
 from lungcal.tracking import (
     CT_EXPERIMENT,
+    PRIVATE_KEYS,
     TAG_DATASET,
     TAG_INIT_RUN,
     TAG_RESUMED_FROM,
@@ -69,10 +71,7 @@ from lungcal.tracking import (
     file_digest,
 )
 
-__all__ = ["PRIVATE_KEYS", "Stage1Run"]
-
-#: bundle keys never logged as they are (paths may carry identifiers); the datalist is logged as source + hash
-PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint", "init_checkpoint")
+__all__ = ["Stage1Run"]
 
 
 class Stage1Run:
@@ -81,9 +80,9 @@ class Stage1Run:
     Args:
         network: the network the trainer trains (bundle ``network``).
         trainer: ``monai.engines.SupervisedTrainer`` (bundle ``train#trainer``).
-        cohort: the :class:`~lungcal.engine.cohort.CTCohort` the loaders read.
-        checkpoint: the :class:`~lungcal.engine.handlers.AtomicCheckpoint` among the trainer's handlers.
-        epoch_logger: the :class:`~lungcal.engine.handlers.EpochMetricsLogger` among them.
+        cohort: the :class:`~lungcal.engine.data.cohort.CTCohort` the loaders read.
+        checkpoint: the :class:`~lungcal.engine.model.handlers.AtomicCheckpoint` among the trainer's handlers.
+        epoch_logger: the :class:`~lungcal.engine.model.handlers.EpochMetricsLogger` among them.
         method: stage-1 name for tags and run names (``ce``, ``focal``, ``mixup``, ``focal_mixup``).
         post_hoc: calibrators fitted on validation, each in a linked run (default ``["ts"]``).
         epochs: must be >= 1 (checked before anything runs).
@@ -99,13 +98,13 @@ class Stage1Run:
         freeze_encoder: with an init model, train only the head (the encoder's weights stay).
         mc_samples: 0 (default) evaluates the trained network once in eval mode; T >= 1 evaluates
             it by MC dropout, the mean softmax of T seeded passes with dropout on
-            (:func:`lungcal.engine.predict.predict_uncertainty`): the test metrics, the predictions
+            (:func:`lungcal.engine.model.predict.predict_uncertainty`): the test metrics, the predictions
             and ``test/mean_mi`` are the MC mean's, and the post-hoc calibrators are fitted on
             ``log`` of the validation MC mean. A network without dropout is a ``ConfigError``.
         parent_run_id: nest this run under that MLflow run (an ensemble's parent run).
         extra_tags: more tags for the stage-1 run (not its post-hoc runs), e.g. ``lungcal.ensemble``.
         test_pictures: per-CT pictures of the test split in the reference calibrator's run
-            (:func:`lungcal.engine.pictures.log_split_pictures`): ``gallery`` (default; at most nine
+            (:func:`lungcal.engine.evaluate.pictures.log_split_pictures`): ``gallery`` (default; at most nine
             CTs, the gallery logged), ``all`` (every test CT) or ``none``.
     """
 

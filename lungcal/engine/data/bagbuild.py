@@ -1,6 +1,6 @@
 """``lungcal build-bags``: fill the bag cache ahead of training, on local processes or a Dask cluster.
 
-:func:`cohort_from_params` makes the :class:`~lungcal.engine.cohort.CTCohort` a bundle would make
+:func:`cohort_from_params` makes the :class:`~lungcal.engine.data.cohort.CTCohort` a bundle would make
 (its ``preprocessing`` chain, lung masker, ``detector``, ``spacing``, ``hu_window``, ``k``,
 ``patch_size``, ``qc`` and ``output_dir``, with any override files merged as
 ``monai.bundle`` merges them), or one from a plain JSON of bag parameters (the
@@ -8,7 +8,7 @@
 :func:`build_cohort` runs the series checks (when the bundle has ``qc``: their reports are cached
 as a training run's), then one :func:`~lungcal.candidates.cache.build_entry` task per row, both on
 a runner: :class:`LocalRunner` (in-process or a process pool, as training builds) or
-``lungcal.engine.dask_bags.DaskRunner`` (a ``dask.distributed`` cluster; optional extra
+``lungcal.engine.data.dask_bags.DaskRunner`` (a ``dask.distributed`` cluster; optional extra
 ``[cluster]``). The tasks, hence the cache keys and entries, are the ones training would
 compute, so a training run afterwards builds nothing. Entries already present are verified and
 kept (``cached``); a failing row does not stop the others: every failure is reported with its
@@ -33,8 +33,8 @@ from lungcal.candidates.cache import BagParams, build_entry, row_failure
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCReport
 from lungcal.data.manifest import load_manifest, rows_for_split
-from lungcal.engine.cohort import SPLITS, CTCohort
-from lungcal.engine.series_qc import keep_passing, screen_one
+from lungcal.engine.data.cohort import SPLITS, CTCohort
+from lungcal.engine.data.series_qc import keep_passing, screen_one
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime.exit_hook import find_lungcal_error
 
@@ -172,7 +172,7 @@ def bag_tasks(cohort: CTCohort, rows: Sequence[dict]) -> list[tuple]:
 def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLITS,
                     progress: bool = True) -> tuple[list[dict], list[QCReport | None] | None]:
     """The rows of ``splits`` and, when the cohort has ``qc``, their series-check reports, computed as
-    ``runner`` tasks (:func:`~lungcal.engine.series_qc.screen_one`: each stores its report in the
+    ``runner`` tasks (:func:`~lungcal.engine.data.series_qc.screen_one`: each stores its report in the
     cohort's QC cache, where a training run reads it back). Nothing is read here but the datalist:
     on a cluster no CT is hashed or loaded on the client. A check that cannot run gives ``None``,
     as an unreadable image does: the bag builder then reports that row."""

@@ -8,13 +8,13 @@ code of ``lungcal.ct``, so entries written before the move are reused; a lung ma
 default :class:`~lungcal.ct.masking.LungMasker` adds its settings to the key.
 
 With ``qc`` (the bundle's ``qc`` section) every CT goes through the series checks first
-(:mod:`lungcal.engine.series_qc`, cached per CT): a CT that fails a check is skipped, the count
+(:mod:`lungcal.engine.data.series_qc`, cached per CT): a CT that fails a check is skipped, the count
 and a reason table are printed, and :meth:`CTCohort.log_qc` logs ``qc.csv`` to the run.
 
 With ``stream_bags`` (bundle key of the same name) the train split is not stacked in memory: its
-bags are read from the cache one per item (:mod:`lungcal.engine.bagstream`); validation and test
+bags are read from the cache one per item (:mod:`lungcal.engine.data.bagstream`); validation and test
 stay in memory. :meth:`CTCohort.rows` are the rows a run builds, which ``lungcal build-bags``
-builds ahead of training (:mod:`lungcal.engine.bagbuild`).
+builds ahead of training (:mod:`lungcal.engine.data.bagbuild`).
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from lungcal.ct.qc import QCConfig
 from lungcal.ct.transforms import LungMaskd
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.data.synthetic import ensure_demo_cohort
-from lungcal.engine.bagset import BagSet
-from lungcal.engine.bagstream import stream_split
-from lungcal.engine.series_qc import keep_passing, qc_csv_rows, screen, write_qc_csv
+from lungcal.engine.data.bagset import BagSet
+from lungcal.engine.data.bagstream import stream_split
+from lungcal.engine.data.series_qc import keep_passing, qc_csv_rows, screen, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
 from lungcal.runtime.distributed import is_rank_zero, rank_zero_first
@@ -99,7 +99,7 @@ class CTCohort:
         qc: series-check thresholds (:class:`~lungcal.ct.qc.QCConfig` or a mapping of its
             fields): failing CTs are skipped; ``None`` checks nothing.
         stream_bags: read the train split's bags from the cache per item instead of stacking
-            them in memory (:func:`lungcal.engine.bagstream.stream_split`).
+            them in memory (:func:`lungcal.engine.data.bagstream.stream_split`).
         kernel_augment_mm: the scanner-kernel augmentation of the *train* split's bags
             (:mod:`lungcal.ct.kernel`): the largest extra Gaussian width in mm (one number or one
             per axis); None or 0 turns it off. Val and test bags, and ``bag_params`` (what a
@@ -243,7 +243,7 @@ class CTCohort:
         """A :class:`BagSet` of split ``name`` (bundle ids ``train#dataset`` / ``validate#dataset``).
 
         ``noise_hu``: with ``augment``, the largest standard deviation (HU) of the scanner-noise
-        augmentation (:func:`lungcal.engine.bagset.random_noise`); 0 turns it off.
+        augmentation (:func:`lungcal.engine.data.bagset.random_noise`); 0 turns it off.
         """
         data = self.split(name)
         lo, hi = self.bag_params["hu_window"]

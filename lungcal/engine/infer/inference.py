@@ -1,18 +1,18 @@
 """Scoring new CTs: the run step of ``bundles/inference.json`` and ``lungcal predict``, one code path.
 
-The model is a stage-1 run or checkpoint (:func:`lungcal.engine.checkpoint.load_stage1`); with a
+The model is a stage-1 run or checkpoint (:func:`lungcal.engine.model.checkpoint.load_stage1`); with a
 run, the calibrator of its linked post-hoc run is applied: the reference one fitted by the stage-1
 bundle (TS by default) or, with ``site``, whatever ``lungcal recalibrate`` stored at that site (TS,
-Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.site_calibrator`).
+Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.evaluate.calibrators`).
 
-Order of work: inputs (:mod:`lungcal.engine.inputs`), model, calibrator, referral rule and series
+Order of work: inputs (:mod:`lungcal.engine.data.inputs`), model, calibrator, referral rule and series
 checks are resolved first, so a user error (no CT, unknown run, unknown site, a refused series)
 stops the command in one line before any MLflow run is opened or any file written. Then one
 MLflow run (tag ``lungcal.inference``, linked to the model's run by ``lungcal.parent_run``) holds
 the inputs count and settings (params), ``qc.csv``, ``predictions.csv`` and the gallery (the most
 confident calls each way and the referred CTs, ``gallery/<group>/<pseudonym>.png``). The output
 folder gets ``predictions.csv``, ``candidates/<pseudonym>.csv``, ``cases/<pseudonym>.json`` +
-``.png`` (:mod:`lungcal.engine.scoring`, :mod:`lungcal.engine.pictures`), ``qc.csv`` and the local
+``.png`` (:mod:`lungcal.engine.infer.scoring`, :mod:`lungcal.engine.evaluate.pictures`), ``qc.csv`` and the local
 key ``inputs.csv`` (pseudonym -> input path; never logged).
 """
 from __future__ import annotations
@@ -28,18 +28,15 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from lungcal.candidates.cache import BagParams, masker_from_config
-from lungcal.engine.checkpoint import load_stage1
-from lungcal.engine.cohort import resolve_output_dir
-from lungcal.engine.inputs import CT_SUFFIXES, KEY_FILE, input_rows, write_key
-from lungcal.engine.pictures import gallery_selection, write_pictures
-from lungcal.engine.predict import predict
-from lungcal.engine.scoring import ReferralRule, answer_line, case_record, score_rows, write_outputs
-from lungcal.engine.series_qc import log_warnings, qc_csv_rows, refuse_failed, screen, write_qc_csv
-from lungcal.engine.site_calibrator import (
-    reference_calibrator,
-    site_calibrator,
-    temperature_calibrator,
-)
+from lungcal.engine.data.cohort import resolve_output_dir
+from lungcal.engine.data.inputs import CT_SUFFIXES, KEY_FILE, input_rows, write_key
+from lungcal.engine.data.series_qc import log_warnings, qc_csv_rows, refuse_failed, screen, write_qc_csv
+from lungcal.engine.evaluate.calibrators import reference_calibrator, site_calibrator, temperature_calibrator
+from lungcal.engine.evaluate.cases import ReferralRule, answer_line, case_record
+from lungcal.engine.evaluate.pictures import gallery_selection, write_pictures
+from lungcal.engine.infer.scoring import score_rows, write_outputs
+from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.model.predict import predict
 from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device
 from lungcal.tracking import (
@@ -65,7 +62,7 @@ class InferenceRun:
 
     Args:
         inputs: one CT (NIfTI/MHD/NRRD file or DICOM series folder), a folder of CTs, or a datalist
-            JSON whose rows need only ``image`` (:func:`lungcal.engine.inputs.input_rows`).
+            JSON whose rows need only ``image`` (:func:`lungcal.engine.data.inputs.input_rows`).
         stage1_run_id / checkpoint: the model (default: latest finished stage-1 run).
         temperature: overrides the temperature (1.0 = uncalibrated) when set.
         site: apply the calibrator ``lungcal recalibrate`` stored for this site (any kind).
@@ -75,7 +72,7 @@ class InferenceRun:
             refused (``DataError`` naming its pseudonym, the check and the measured value) before
             anything is written; warnings are logged. ``None`` checks nothing.
         refer_below: refer a CT whose confidence max(p, 1-p) is below this; default: the applied
-            calibrator run's validation rule (:class:`lungcal.engine.scoring.ReferralRule`).
+            calibrator run's validation rule (:class:`lungcal.engine.evaluate.cases.ReferralRule`).
         pictures: write ``cases/<pseudonym>.png`` per CT and log the gallery.
         top_k: candidates per CT in its record and picture.
         mode: the ``lungcal.inference`` tag (``bundle`` or ``predict``).
@@ -106,7 +103,7 @@ class InferenceRun:
         self.predict_fn = predict_fn
 
     def rows(self) -> list[dict]:
-        """Rows of the inputs (:func:`lungcal.engine.inputs.input_rows`)."""
+        """Rows of the inputs (:func:`lungcal.engine.data.inputs.input_rows`)."""
         return input_rows(self.inputs)
 
     def resolve_calibrator(self, run):

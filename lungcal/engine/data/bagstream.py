@@ -1,13 +1,13 @@
 """The training split's bags streamed from the cache: one bag read from disk per item.
 
-:func:`stream_split` is :func:`lungcal.engine.cohort.load_split` without the stack: it returns the
+:func:`stream_split` is :func:`lungcal.engine.data.cohort.load_split` without the stack: it returns the
 same ``{"bags", "mask", "labels", "subjects"}`` with ``bags`` a :class:`StreamedBags`, a lazy
 sequence that holds only each entry's path and the byte offset of its bag
 (:func:`lungcal.candidates.bagfile.member_layout`, numpy arrays, so forked DataLoader workers do
 not copy them page by page as Python objects' reference counts change). Indexing one reads that
 bag (:func:`lungcal.candidates.bagfile.read_member`). The validity masks (K bools a CT) and labels
 stay in memory, as the paths do: one file read per item. The split then goes into the same
-:class:`~lungcal.engine.bagset.BagSet` as an in-memory one, so the augmentation is the same code,
+:class:`~lungcal.engine.data.bagset.BagSet` as an in-memory one, so the augmentation is the same code,
 drawing from the same generator in the same order: with ``num_workers = 0`` the items, hence
 the training, are bit-identical to the in-memory set's. The per-CT ``candidates`` are not
 streamed (only the validation and test splits, kept in memory, report them).

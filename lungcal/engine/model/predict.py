@@ -141,7 +141,7 @@ def predict_uncertainty(network: nn.Module, loader, device=None, mc_samples: int
         (all 0 when deterministic), "aleatoric" (N,), "samples" (T, N, C) float64 or ``None``,
         "attention" (N, K) mean over passes, "features" (eval mode, deterministic), "labels" (N,),
         "mc_samples" T}``. With ``mc_samples=0``, ``probs`` is exactly the float64 softmax of
-        :func:`predict`'s logits (:func:`lungcal.engine.evaluate.probabilities`).
+        :func:`predict`'s logits (:func:`lungcal.calibration.scaling.probabilities`).
     """
     t = check_mc_samples(network, mc_samples)
     det = predict(network, loader, device)

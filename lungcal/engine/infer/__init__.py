@@ -1,0 +1,1 @@
+"""Scoring new CTs with a trained model: ``lungcal predict`` and ``bundles/inference.json``."""

@@ -1,0 +1,1 @@
+"""The training workflows of the CT bundles: stage 1 (+ post-hoc calibrators), the deep ensemble, LAS."""
