@@ -9,7 +9,9 @@ The key hashes
   ``source_mode="stat"`` names, sizes and modification times are hashed instead (faster on
   large real data, but a copied folder is then a cache miss);
 - the resolved parameters: preprocessing (spacing, HU window, margin, extra ``preprocess_ct``
-  keywords), the detector class and all its settings, K and P;
+  keywords), the detector (:func:`lungcal.candidates.detector_config.detector_key`: the built-in
+  LoG detector by its class name and all its settings, as always; a plugged-in one by its
+  ``config()``, class path included), K and P;
 - :data:`CACHE_VERSION`, bumped whenever the code changes what an entry contains, and
   :func:`code_fingerprint`, a hash of the source of ``lungcal.ct.io``/``transforms`` and of the
   detector and extraction modules (so an edited preprocessing never serves stale bags).
@@ -52,7 +54,8 @@ from filelock import FileLock
 from tqdm.auto import tqdm
 
 from lungcal.candidates.bags import extract_bag
-from lungcal.candidates.detector import LoGBlobDetector, _as_volume
+from lungcal.candidates.detector import Candidates, _as_volume
+from lungcal.candidates.detector_config import detector_from_config, detector_key
 from lungcal.ct.kernel import check_max_sigma, draw_kernel_sigma, soften
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.transforms import DEFAULT_HU_WINDOW, preprocess_ct
@@ -79,7 +82,9 @@ class BagParams:
         margin_mm: margin kept around the lungs when cropping.
         k: bag size K (candidates per CT).
         patch_size: patch edge P in voxels.
-        detector: keyword arguments of :class:`LoGBlobDetector` (defaults filled in).
+        detector: the detector: keyword arguments of :class:`~lungcal.candidates.detector.LoGBlobDetector`
+            (empty: its defaults), or a plugged-in detector's ``config()`` (``{"_target_": class path,
+            **arguments}``, :mod:`lungcal.candidates.detector_config`), which rebuilds it.
         preprocess: extra keyword arguments passed through to ``preprocess_ct``; a ``masker`` is
             keyed by its settings (:func:`masker_config`), and only when it is not the default.
         kernel_aug_mm: training bags only: the largest extra Gaussian width (mm; one number or
@@ -122,19 +127,16 @@ class BagParams:
                 fix=f"use only {sorted(names)}")
         return cls(**dict(params))
 
-    def make_detector(self) -> LoGBlobDetector:
-        try:
-            return LoGBlobDetector(**dict(self.detector))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"bad detector settings: {e}", field="bag_params.detector",
-                              fix="see lungcal.candidates.detector.LoGBlobDetector for valid keys") from e
+    def make_detector(self) -> Any:
+        """The detector of these parameters (:func:`~lungcal.candidates.detector_config.detector_from_config`)."""
+        return detector_from_config(self.detector)
 
     def resolved(self) -> dict[str, Any]:
         """JSON-able dict with every default filled in (the part of the cache key)."""
         if self.k < 1 or self.patch_size < 1:
             raise ConfigError(f"k={self.k} and patch_size={self.patch_size} must be >= 1", field="bag_params",
                               fix="set positive k and patch_size")
-        det = dataclasses.asdict(self.make_detector())
+        det = detector_key(self.detector)
         try:
             kernel = check_max_sigma(self.kernel_aug_mm)
         except ValueError as e:
@@ -146,7 +148,7 @@ class BagParams:
             "margin_mm": float(self.margin_mm),
             "k": int(self.k),
             "patch_size": int(self.patch_size),
-            "detector": {"class": "LoGBlobDetector", **{k: _jsonable(v) for k, v in det.items()}},
+            "detector": det,
             "preprocess": {k: _jsonable(v) for k, v in sorted(dict(self.preprocess).items())},
         }
         try:
@@ -259,8 +261,10 @@ def _hash_file(h, f: Path, mode: str) -> None:
     h.update(b"\0")
 
 
-#: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint)
-_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "bagfile.py", "evaluate.py", "froc.py"}
+#: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint);
+#: detector_config.py maps a detector's config to the detector, and that config is in the key itself
+_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "bagfile.py", "evaluate.py", "froc.py",
+                "detector_config.py"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -386,7 +390,12 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
         sigma = draw_kernel_sigma(resolved["kernel_aug_mm"], seed)
         image = soften(_as_volume(image), sigma, spacing)
         resolved = {**resolved, "kernel_sigma_mm": [round(float(v), 6) for v in sigma]}
-    cands = params.make_detector().detect(image, lung, spacing, affine)
+    detector = params.make_detector()
+    cands = detector.detect(image, lung, spacing, affine)
+    if not isinstance(cands, Candidates):
+        raise ConfigError(f"the detector {type(detector).__name__} returned a {type(cands).__name__}, not Candidates",
+                          field="bag_params.detector",
+                          fix="return lungcal.candidates.detector.Candidates, best score first, from detect()")
     top = cands.top(params.k)
     bag, mask = extract_bag(image, top.voxel, params.k, params.patch_size)
     return {

@@ -193,3 +193,18 @@ def test_failed_rows_are_reported_by_pseudonym_and_the_others_built(tiny_cohort,
         assert "DOE^JANE" not in out + err and "scan.nii" not in out + err
     assert len(entries(tmp_path / "out")) == 2
     shutil.rmtree(patient)
+
+
+def test_a_checkpoints_bag_params_build_with_its_plugged_in_detector_the_entries_training_uses(tiny_cohort, tmp_path):
+    detector = {"_target_": "tests.candidates.test_detector_config.FixedPoints", "points": [[1, 2, 3]],
+                "radius_mm": 2.5}
+    params = tmp_path / "bag_params.json"  # as a stage-1 checkpoint stores them
+    params.write_text(json.dumps({"spacing": [5.0, 5.0, 5.0], "hu_window": [-1000.0, 400.0], "k": 8, "patch_size": 8,
+                                  "detector": detector}))
+    assert build(tiny_cohort, tmp_path, params, extra=["--num-workers", "0", "--splits", "test"]) == 0
+    built = entries(tmp_path)
+    assert built and all(e["voxel"].tolist() == [[1, 2, 3]] and e["radius_mm"].tolist() == [2.5]
+                         for e in built.values())
+    report = build_cohort(training_cohort(tiny_cohort, tmp_path, detector=detector, qc=None), ("test",),
+                          progress=False)
+    assert (report.total, report.built, report.cached) == (len(built), 0, len(built))

@@ -15,7 +15,7 @@ import pydicom
 import pytest
 from monai.bundle import ConfigParser
 
-from lungcal.candidates.cache import BagCache, BagParams, load_bag, masker_config, masker_from_config
+from lungcal.candidates.cache import BagCache, BagParams, build_bags, load_bag, masker_config, masker_from_config
 from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCCheck, QCConfig, QCReport
@@ -24,7 +24,9 @@ from lungcal.data.synthetic import make_cohort
 from lungcal.engine.data import series_qc
 from lungcal.engine.data.bagbuild import bag_tasks
 from lungcal.engine.data.cohort import CTCohort, chain_masker
+from lungcal.engine.model.checkpoint import bag_params_of
 from lungcal.errors import ConfigError, DataError
+from tests.candidates.test_detector_config import FixedPoints
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the cohort below is at 5 mm: thresholds that accept its slices and pixels
@@ -42,7 +44,8 @@ def test_default_objects_give_the_cache_key_of_the_name_based_bundles(tmp_path):
 
 
 def test_a_detector_the_cache_cannot_key_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="LoGBlobDetector"):
+    with pytest.raises(ConfigError, match=r"field 'detector': the detector object has no detect\(\) and no config\(\)"
+                                          r".*Fix: give it detect\(image, lung_mask, spacing, affine\)"):
         CTCohort(None, detector=object(), output_dir=tmp_path)
 
 
@@ -238,3 +241,50 @@ def test_harmonization_goes_into_the_stored_bag_params_for_every_split(cut_cohor
         assert not np.array_equal(np.asarray(harm.splits[split]["bags"]), np.asarray(plain.splits[split]["bags"]))
     with pytest.raises(ConfigError, match="harmonize_mm"):
         CTCohort(None, output_dir=tmp_path, harmonize_mm=[-1.0])
+
+
+# --- a plugged-in detector: the bundle section, the cache key, a checkpoint's bag parameters --------------------------
+def test_the_bundle_detector_section_swaps_and_changes_the_key(tmp_path):
+    target = "tests.candidates.test_detector_config.FixedPoints"
+    cohorts = {}
+    for name, detector in (("default", None), ("fixed", {"_target_": target, "points": [[2, 2, 2]]})):
+        parser = ConfigParser()
+        parser.read_config(str(ROOT / "bundles" / "nlst_focal.json"))
+        parser["output_dir"], parser["datalist"] = str(tmp_path / name), None
+        if detector is not None:
+            parser["detector"] = detector
+        cohorts[name] = parser.get_parsed_content("cohort")
+        if detector is None:  # the section holds the default detector
+            assert parser.get_parsed_content("detector") == LoGBlobDetector()
+    assert "detector" not in cohorts["default"].bag_params
+    assert cohorts["fixed"].bag_params["detector"] == {"_target_": target, "points": [[2, 2, 2]], "radius_mm": 3.0}
+    image = tmp_path / "ct.nii.gz"
+    image.write_bytes(b"same source")
+    cache = BagCache(tmp_path / "bags")
+    assert cache.key(image, cohorts["fixed"].bag_params) != cache.key(image, cohorts["default"].bag_params)
+    assert BagParams.from_any(cohorts["default"].bag_params).resolved() == BagParams.from_any(NAME_BASED).resolved()
+
+
+def test_a_plugged_in_detector_builds_the_bags_and_a_checkpoint_rebuilds_it(cut_cohort, tmp_path):
+    path, _ = cut_cohort
+    points = [[2, 3, 4], [5, 5, 5]]  # inside every cropped CT
+    cohort = CTCohort(str(path), detector=FixedPoints(points, radius_mm=2.0), output_dir=tmp_path, num_workers=0,
+                      qc=None).load()
+    for split in ("train", "val", "test"):  # every bag holds the detector's two points
+        for c in cohort.splits[split]["candidates"]:
+            assert np.allclose(c["radius_mm"], 2.0) and len(c["world"]) == 2
+    entries = sorted((tmp_path / "cache" / "bags").glob("*.npz"))
+    first = load_bag(entries[0])
+    assert sorted(first["voxel"].tolist()) == points and len(entries) == 6
+    stamps = {f: f.stat().st_mtime_ns for f in entries}
+    # a stage-1 checkpoint stores bag_params as JSON; LAS (with_bag_params) and inference/recalibration
+    # (score_rows -> build_bags) rebuild the detector from it and find the same entries, building none
+    stored = bag_params_of({"bag_params": json.dumps(cohort.bag_params)})
+    rebuilt = BagParams.from_any(stored).make_detector()
+    assert type(rebuilt) is FixedPoints and rebuilt.config() == FixedPoints(points, 2.0).config()
+    las = CTCohort.with_bag_params(str(path), stored, output_dir=tmp_path, num_workers=0).load()
+    assert [str(s) for s in las.splits["test"]["subjects"]] == [str(s) for s in cohort.splits["test"]["subjects"]]
+    rows = cohort.rows(("test",))
+    scored = build_bags(rows, stored, cohort.cache_dir, num_workers=0, progress=False)
+    assert {Path(r["bag"]) for r in scored} <= set(entries)
+    assert {f: f.stat().st_mtime_ns for f in sorted((tmp_path / "cache" / "bags").glob("*.npz"))} == stamps

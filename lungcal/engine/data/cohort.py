@@ -5,7 +5,10 @@
 :func:`lungcal.candidates.cache.build_bags`. The cache key is unchanged from the name-based
 bundles: it hashes the bag parameters (spacing, HU window, K, P), the detector's settings and the
 code of ``lungcal.ct``, so entries written before the move are reused; a lung masker other than the
-default :class:`~lungcal.ct.masking.LungMasker` adds its settings to the key.
+default :class:`~lungcal.ct.masking.LungMasker` adds its settings to the key. The detector is any
+:class:`~lungcal.candidates.detector_config.KeyedDetector` (``detect()`` and ``config()``); one other
+than the default :class:`~lungcal.candidates.detector.LoGBlobDetector` goes into ``bag_params`` (and
+so into the key and a checkpoint) as its config, from which inference rebuilds it.
 
 With ``qc`` (the bundle's ``qc`` section) every CT goes through the series checks first
 (:mod:`lungcal.engine.data.series_qc`, cached per CT): a CT that fails a check is skipped, the count
@@ -18,7 +21,6 @@ builds ahead of training (:mod:`lungcal.engine.data.bagbuild`).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from lungcal.candidates.cache import BagParams, build_bags, load_bag, masker_config
-from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.candidates.detector_config import detector_bag_params
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCConfig
 from lungcal.ct.transforms import LungMaskd
@@ -90,8 +92,10 @@ class CTCohort:
         datalist: datalist JSON; ``None`` uses the built-in synthetic cohort (generated once).
         preprocessing: the CT chain, ``{"image": path} -> {"image", "lung_mask"}``
             (``lungcal.ct.transforms.build_preprocess``); built with ``spacing`` and ``hu_window``.
-        detector: a nodule-candidate detector dataclass (``LoGBlobDetector``); its settings go into
-            the cache key.
+        detector: the nodule-candidate detector: ``LoGBlobDetector`` (``None``: its defaults) or any
+            object with ``detect(image, lung_mask, spacing, affine) -> Candidates`` and ``config()``
+            (:mod:`lungcal.candidates.detector_config`); its settings go into the cache key and
+            ``bag_params``.
         spacing, hu_window, k, patch_size: bag parameters (part of the cache key).
         output_dir: data and caches go under it (``data/``, ``cache/bags``).
         num_workers: bag-building processes (0 = in-process).
@@ -118,14 +122,11 @@ class CTCohort:
                  harmonize_mm: Sequence[float] | float | None = None) -> None:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
-        if detector is not None and not isinstance(detector, LoGBlobDetector):
-            raise ConfigError(f"the bag cache builds LoGBlobDetector candidates, got {type(detector).__name__}",
-                              field="detector", fix="use lungcal.candidates.detector.LoGBlobDetector")
-        detector_kwargs = {} if detector is None else dataclasses.asdict(detector)
+        detector_params = detector_bag_params(detector)  # ConfigError naming 'detector' unless keyable
         self.bag_params = {"spacing": [float(s) for s in spacing], "hu_window": [float(h) for h in hu_window],
                            "k": int(k), "patch_size": int(patch_size)}
-        if detector_kwargs != dataclasses.asdict(BagParams().make_detector()):
-            self.bag_params["detector"] = detector_kwargs
+        if detector_params is not None:
+            self.bag_params["detector"] = detector_params
         harmonize = BagParams(harmonize_mm=harmonize_mm).resolved().get("harmonize_mm")  # ConfigError naming it
         if harmonize is not None:
             self.bag_params["harmonize_mm"] = harmonize
