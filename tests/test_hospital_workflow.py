@@ -81,7 +81,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # fails at EM only. None passes, so none ships (2.0 mm costs A's AUC; 1.5 mm none measurable on the headline
 # demo over two seeds: the candidate default); the test stays as the issue states it.
 # 2026-12-02 (seventh session), seed 0 as shipped: A 0.785, B AUC 0.505 (guard), shipped 0.719, auto (Platt)
-# 0.033 (p 0.23), prior 0.168, EM 1.000 -> 0.880. Control (scripts/two_site_label_shift.py: B's population on
+# 0.033 (p 0.23), prior 0.168, EM 1.000 -> 0.880. Control (results.md "Two sites: label shift alone": B's population on
 # A's scanner, prevalence the only change): shipped 0.210 (p < 0.001), Platt 0.031 (p 0.21), prior 0.020
 # (p 0.60), EM 0.019 -> 0.073, AUC 0.719: every assertion below holds there. The scanner fails the test.
 SITE_A = dict(n_subjects=400, prevalence=0.4, seed=11, shape=(128, 128, 96), spacing=(2.5, 2.5, 2.5),

@@ -45,6 +45,7 @@ from lungcal.errors import ConfigError, DataError
 from .metrics import _as_probs_labels, _to_numpy
 
 __all__ = [
+    "REFERRAL_COVERAGE", "REFERRAL_METRIC", "confidence", "referral_threshold",
     "SCORES",
     "predictive_entropy",
     "mutual_information",
@@ -58,6 +59,35 @@ __all__ = [
 #: the uncertainty scores :func:`risk_coverage` ranks by
 SCORES = ("confidence", "entropy", "mi")
 _MI_ZERO = 1e-12  # nats: mutual information below this is rounding noise
+#: share of validation cases kept by the validation referral rule (the 10 % least confident are referred)
+REFERRAL_COVERAGE = 0.9
+#: the metric a calibrator run stores: the confidence below which its validation cases were referred
+REFERRAL_METRIC = "val/referral_threshold_cov90"
+
+
+def confidence(p1) -> np.ndarray:
+    """``max(p, 1 - p)`` of binary p(y=1), float64."""
+    p = np.asarray(p1, dtype=np.float64)
+    return np.maximum(p, 1.0 - p)
+
+
+def referral_threshold(probs, coverage: float = REFERRAL_COVERAGE) -> float:
+    """The confidence of the least confident case kept when the ``1 - coverage`` least confident are referred.
+
+    ``probs`` is ``(N, 2)`` or ``(N,)`` calibrated p(y=1); ``round(coverage * N)`` cases (at least
+    one) are kept, as :func:`lungcal.calibration.selective.metrics_at_coverage` keeps them; a new
+    case is referred when its confidence is below the returned value.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    p1 = p[:, 1] if p.ndim == 2 else p
+    if p1.size == 0:
+        raise ConfigError("no cases to set a referral threshold on", field="coverage", fix="pass a non-empty split")
+    if not 0.0 < float(coverage) <= 1.0:
+        raise ConfigError(f"coverage must be in (0, 1], got {coverage!r}", field="coverage",
+                          fix="pass the share of cases to keep, e.g. 0.9")
+    conf = np.sort(confidence(p1))[::-1]
+    k = max(1, int(round(float(coverage) * conf.size)))
+    return float(conf[k - 1])
 
 
 def predictive_entropy(probs) -> np.ndarray:

@@ -16,6 +16,7 @@ from monai.networks.nets import resnet10
 from torch import nn
 
 from lungcal.errors import ConfigError
+from lungcal.runtime.bundle_config import Described
 
 __all__ = ["SmallCNNEncoder", "ResNetEncoder", "InstanceEncoder", "ENCODERS"]
 
@@ -28,7 +29,7 @@ def _block(cin: int, cout: int, stride: int) -> nn.Sequential:
     )
 
 
-class SmallCNNEncoder(nn.Module):
+class SmallCNNEncoder(Described, nn.Module):
     """Small strided 3D CNN: ``(N, 1, P, P, P) -> (N, embed_dim)``.
 
     Three stride-2 conv-BN-ReLU blocks (``width``, ``2*width``, ``4*width`` channels), global
@@ -51,7 +52,7 @@ class SmallCNNEncoder(nn.Module):
         return self.proj(h)
 
 
-class ResNetEncoder(nn.Module):
+class ResNetEncoder(Described, nn.Module):
     """MONAI 3D ResNet-10 trunk (no classifier) + linear projection: ``(N, 1, P, P, P) -> (N, D)``."""
 
     def __init__(self, embed_dim: int = 64, in_channels: int = 1) -> None:

@@ -34,6 +34,7 @@ from torch.nn import functional
 
 from lungcal.errors import ConfigError
 from lungcal.mil.encoders import InstanceEncoder
+from lungcal.runtime.bundle_config import Described
 
 __all__ = ["embed_dim_of", "GatedAttentionPool", "masked_softmax", "AttentionMIL", "NoisyORHead", "NoisyORMIL",
            "LogSumExpHead", "LogSumExpMIL", "build_mil_model"]
@@ -97,7 +98,7 @@ def _valid_instances(bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     return bags.reshape([b * k] + list(bags.shape[2:]))[flat_mask], flat_mask
 
 
-class _BagEncoder(nn.Module):
+class _BagEncoder(Described, nn.Module):
     """Shared by the MIL models: ``encode`` runs ``self.encoder`` (output ``self.embed_dim``) on valid instances."""
 
     def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -109,7 +110,7 @@ class _BagEncoder(nn.Module):
         return h.reshape(mask.shape[0], mask.shape[1], self.embed_dim)
 
 
-class GatedAttentionPool(nn.Module):
+class GatedAttentionPool(Described, nn.Module):
     """Gated attention pooling (Ilse, Tomczak & Welling 2018), honouring a validity mask.
 
     ``a_k = w^T (tanh(V h_k) * sigmoid(U h_k))``; attention = masked softmax of ``a`` over the bag;
@@ -188,7 +189,7 @@ class AttentionMIL(_BagEncoder):
         return self.head(self.dropout(z)), att
 
 
-class NoisyORHead(nn.Module):
+class NoisyORHead(Described, nn.Module):
     """Leaky noisy-OR over instances: features ``(B, K, D + 1)`` (embedding + validity flag) -> logits.
 
     Returns ``(logits (B, 2), instance_probs (B, K))`` when called via :meth:`forward_with_probs`;
@@ -269,7 +270,7 @@ class NoisyORMIL(_InstanceHeadMIL):
         super().__init__(encoder, head if head is not None else NoisyORHead(d, leak_init), tta_flips, d)
 
 
-class LogSumExpHead(nn.Module):
+class LogSumExpHead(Described, nn.Module):
     """Gated attention scores pooled by log-sum-exp: features ``(B, K, D + 1)`` -> logits ``(B, 2)``.
 
     With instance scores ``a_k`` (the gated attention of Ilse et al. 2018) and a learnable leak

@@ -1,112 +1,151 @@
-"""The raw config of the MONAI bundle being run, for the objects that must record it.
+"""What a run records of the bundle that built it, handed over explicitly (no object looks for its config).
 
-A MONAI config object never sees the config that built it, yet the stage-1 run logs its config as
-MLflow params and artifact, and its checkpoint must say how to rebuild ``network_def`` (MONAI's own
-``ckpt_export`` re-parses the bundle for that). Every object of a bundle is built inside
-:meth:`monai.bundle.ConfigParser.get_parsed_content`, so :func:`active_config` finds that parser on
-the call stack and returns its config: macros expanded and command-line overrides applied, ``@``
-references not yet resolved. Outside a bundle (plain Python) it returns ``{}`` and callers pass
-what they need explicitly.
+A MONAI bundle builds every object; Python gets what it needs from the bundle *by reference*:
 
-:func:`resolved_section` turns one section (``network_def``) into a self-contained config: each
-``"@id"`` value becomes the referenced item's parsed value, so ``ConfigParser({"net": spec})``
-rebuilds it without the bundle (:func:`build_section`).
+- the named hyperparameters come as one ``settings`` section of ``"@key"`` references (their values
+  after the command-line overrides); a run logs them as params and in ``config/resolved.json``, and
+  its resume identity is a hash of them and of the specs below;
+- a component that must be rebuilt later (the network of a stage-1 checkpoint, for LAS and inference)
+  *describes itself*: :class:`Described` records the class and the arguments an object was built with,
+  so :func:`spec_of` returns a ``_target_`` config that :func:`build_section` (MONAI's
+  ``ConfigParser``) rebuilds. The lung masker and the candidate detector describe themselves the same
+  way, by a ``config()`` dict.
+
+Why not read the running bundle's config instead: under ``python -m monai.bundle run`` no object can
+reach MONAI's ``ConfigParser`` but by walking the call stack, and a raw section handed over by a ``%``
+macro is itself a ``_target_`` config, which MONAI instantiates a second time (``docs/architecture.md``).
 """
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
-import re
+import pydoc
 from collections.abc import Mapping
 from typing import Any
 
 from monai.bundle import ConfigParser
 
-__all__ = ["active_parser", "active_config", "resolved_section", "build_section", "hyperparameters",
-           "unused_keys"]
+from lungcal.errors import ConfigError
 
-_REF = "@"
-
-
-def active_parser() -> ConfigParser | None:
-    """The :class:`ConfigParser` that is building the current object, or ``None``."""
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            candidate = frame.f_locals.get("self")
-            if isinstance(candidate, ConfigParser):
-                return candidate
-            frame = frame.f_back
-    finally:
-        del frame
-    return None
+__all__ = ["Described", "build", "spec_of", "build_section", "plain_settings"]
 
 
-def active_config() -> dict[str, Any]:
-    """A deep copy of the running bundle's config (``{}`` outside a bundle), without ``_meta_``."""
-    parser = active_parser()
-    if parser is None:
-        return {}
-    return {k: copy.deepcopy(v) for k, v in parser.get().items() if k != "_meta_"}
+def _target(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+def _spec_value(value: Any, strict: bool, where: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_spec_value(v, strict, where) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _spec_value(v, strict, where) for k, v in value.items()}
+    return spec_of(value, strict=strict, where=where)
 
 
-def resolved_section(section: str, parser: ConfigParser | None = None) -> dict[str, Any] | None:
-    """The raw config of ``section`` with every whole-string ``"@id"`` replaced by its parsed value.
+def spec_of(obj: Any, *, strict: bool = True, where: str = "network_def") -> dict[str, Any]:
+    """The ``_target_`` config that rebuilds ``obj``: its ``config()`` when it has one (a :class:`Described`
+    object, a lung masker, a detector), else, when ``strict`` is False, what can be said of it (its class;
+    a torch optimizer's ``defaults``).
 
-    Returns ``None`` outside a bundle. A reference to an object (not JSON-able) is kept as it is.
+    Raises:
+        ConfigError: ``strict`` and ``obj`` cannot describe itself (it could not be rebuilt from a checkpoint).
     """
-    parser = parser or active_parser()
-    if parser is None or section not in parser:
-        return None
+    built = getattr(obj, "__dict__", {}).get("_built_spec")
+    if built is not None:
+        return copy.deepcopy(built)
+    config = getattr(obj, "config", None)
+    if callable(config):
+        return dict(config())
+    if strict:
+        raise ConfigError(f"{_target(obj)} cannot say how it was built, so a checkpoint could not rebuild it",
+                          field=where, fix="build it through lungcal.runtime.bundle_config.build ({\"_target_\": "
+                                           "\"lungcal.runtime.bundle_config.build\", \"target\": \"<its class or "
+                                           "factory>\", ...its arguments}), or give the class a config() method")
+    spec: dict[str, Any] = {"_target_": _target(obj)}
+    defaults = getattr(obj, "defaults", None)  # torch optimizers
+    if isinstance(defaults, Mapping):
+        spec.update({k: _spec_value(v, False, where) for k, v in defaults.items() if k != "params"})
+    return spec
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, str) and node.startswith(_REF) and " " not in node:
-            value = parser.get_parsed_content(node[len(_REF):])
-            return value if _jsonable(value) else node
-        return node
 
-    return walk(copy.deepcopy(parser[section]))
+class Described:
+    """Mixin: an object that remembers how it was built, so ``config()`` can rebuild it.
+
+    Every subclass's ``__init__`` is wrapped: the object records its class and the arguments of the
+    outermost constructor call (defaults filled in); ``config()`` returns them as a ``_target_`` config,
+    nested :class:`Described` arguments as their own configs. Recording touches no random state.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def wrapped(self, *args: Any, **kw: Any) -> None:
+            init(self, *args, **kw)
+            if type(self) is cls:  # the outermost constructor: the one the user called
+                bound = signature.bind(self, *args, **kw)
+                bound.apply_defaults()
+                self.__dict__["_described_args"] = {k: v for k, v in list(bound.arguments.items())[1:]
+                                                    if signature.parameters[k].kind not in
+                                                    (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+
+        cls.__init__ = wrapped  # type: ignore[method-assign]
+
+    def config(self) -> dict[str, Any]:
+        """``{"_target_": "module.Class", **constructor arguments}`` (JSON-able; rebuild with :func:`build_section`)."""
+        args = self.__dict__.get("_described_args", {})
+        return {"_target_": _target(self), **{k: _spec_value(v, True, _target(self)) for k, v in args.items()}}
+
+
+def build(target: str, **kwargs: Any) -> Any:
+    """Build ``target(**kwargs)`` (a class or factory path, e.g. ``monai.networks.nets.resnet10``) and make the
+    object describe itself, so that :func:`spec_of` can record how to rebuild it (a checkpoint's network with
+    an encoder from another library). In a bundle::
+
+        "encoder": {"_target_": "lungcal.runtime.bundle_config.build", "target": "monai.networks.nets.resnet10",
+                    "spatial_dims": 3, "n_input_channels": 1, "num_classes": "@embed_dim"}
+    """
+    factory = pydoc.locate(target)
+    if not callable(factory):
+        raise ConfigError(f"cannot import {target!r}", field="target", fix="give an importable class or function path")
+    obj = factory(**kwargs)
+    spec = {"_target_": f"{__name__}.build", "target": target,
+            **{k: _spec_value(v, True, target) for k, v in kwargs.items()}}
+    try:
+        obj.__dict__["_built_spec"] = spec
+    except AttributeError:
+        raise ConfigError(f"{target} builds a {type(obj).__name__}, which cannot carry its description",
+                          field="target", fix="build an object (a module, a class instance)") from None
+    return obj
 
 
 def build_section(spec: Mapping[str, Any]) -> Any:
-    """Instantiate a self-contained ``_target_`` config (from :func:`resolved_section`)."""
+    """Instantiate a self-contained ``_target_`` config (from :func:`spec_of` or a stored checkpoint)."""
     return ConfigParser({"section": copy.deepcopy(dict(spec))}).get_parsed_content("section")
 
 
-def hyperparameters(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The named top-level hyperparameters of a bundle config: plain values, not objects or expressions."""
+def plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` as plain JSON values (tuples to lists), checked: a bundle's ``settings`` section must hold
+    values (``"@key"`` references to hyperparameters), never objects.
 
-    def plain(v: Any) -> bool:
-        if isinstance(v, str):
-            return not v.startswith(("$", "@", "%"))
-        if isinstance(v, dict):
-            return "_target_" not in v and all(plain(x) for x in v.values())
-        if isinstance(v, list):
-            return all(plain(x) for x in v)
-        return True
-
-    return {k: v for k, v in config.items() if not k.startswith("_") and k != "imports" and plain(v)}
-
-
-def unused_keys(config: Mapping[str, Any]) -> list[str]:
-    """Top-level hyperparameters that no object of the bundle refers to (``@key``): a stale or mistyped setting.
-
-    A command-line override of a key the bundle does not have adds it silently (MONAI's parser
-    accepts any key), so ``--head attention`` would train the default network; callers turn
-    these into a :class:`~lungcal.errors.ConfigError`.
+    Raises:
+        ConfigError: a value is not JSON-able (an object was put into ``settings``).
     """
-    text = json.dumps({k: v for k, v in config.items() if k not in hyperparameters(config)})
-    return sorted(k for k in hyperparameters(config) if not re.search(rf"@{re.escape(k)}(?![A-Za-z0-9_])", text))
+    out = {}
+    for key, value in settings.items():
+        try:
+            out[str(key)] = json.loads(json.dumps(value))
+        except (TypeError, ValueError):
+            raise ConfigError(f"settings#{key} is a {type(value).__name__}, not a value", field=f"settings#{key}",
+                              fix="settings lists hyperparameters (\"@key\" of a plain value); pass objects as "
+                                  "their own arguments") from None
+    return out

@@ -1,4 +1,4 @@
-"""``lungcal study | report``: the study's command-line sub-commands.
+"""``lungcal study | report | compare | uncertainty``: the study's command-line sub-commands.
 
 Heavy imports (torch, MLflow, MONAI) happen inside each command, so ``lungcal --help`` stays fast
 (the only function-local imports the lint contract allows). User errors are
@@ -7,15 +7,17 @@ Heavy imports (torch, MLflow, MONAI) happen inside each command, so ``lungcal --
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from lungcal.errors import ConfigError
+from lungcal.study.sections import SECTIONS, parse_sections
 
 __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``study`` and ``report`` to the ``lungcal`` parser."""
+    """Add ``study``, ``report``, ``compare`` and ``uncertainty`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "study", help="run the study grid (dataset x stage-1 x stage-2) through the bundles, resuming",
         description="Run a grid of dataset x stage-1 method x stage-2 method through the bundles. "
@@ -47,14 +49,72 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_study)
 
     p = subparsers.add_parser(
-        "report", help="build the study's comparison tables from MLflow (Markdown, CSV, HTML)",
-        description="Rows: stage-1 methods; column groups: stage-2 methods; cells ACC, AUC, ECE with 95% CIs.")
+        "report", help="the study report from MLflow: tables, accuracy by class, post-hoc fixes (Markdown, CSV, HTML)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The study report of one MLflow experiment, from its finished runs, in sections:\n"
+        "  study    the tables: rows stage-1 methods, column groups stage-2 methods, cells ACC, AUC, ECE with\n"
+        "           95% CIs, beside the published numbers (a synthetic NLST-like cohort beside the numbers\n"
+        "           published on real NLST, labelled so); referral at 90% coverage; the paired differences\n"
+        "           that carry the study's claims (default)\n"
+        "  classes  accuracy per class and per many/medium/few group (CIFAR-10-LT: MiSLAS's groups), with CIs\n"
+        "  posthoc  per CIFAR stage-1 run: TS, the ECE-best T, logit adjustment, prior+TS and vector scaling\n"
+        "           fitted on val, scored on test, beside its LAS runs, with paired differences\n"
+        "Writes report.md, report.csv (the study tables) and report.html.",
+        epilog="examples:\n  lungcal report --experiment nlst\n"
+        "  lungcal report --experiment cifar10lt --sections study,classes,posthoc\n"
+        "  lungcal report --experiment cifar10lt --sections posthoc --tracking-uri sqlite:///runs/gpu_study/ce.db")
     p.add_argument("--experiment", required=True, help="MLflow experiment: nlst, cifar10, cifar10lt, ...")
+    p.add_argument("--sections", default=None, metavar="NAME[,NAME...]",
+                   help=f"which sections, comma-separated: {', '.join(SECTIONS)} or all (default: study)")
+    p.add_argument("--n-bootstrap", type=int, default=1000,
+                   help="bootstrap resamples of the classes and posthoc sections' CIs (default 1000)")
     p.add_argument("--out", default=None, help="output folder (default: <runs>/reports/<experiment>)")
     p.add_argument("--split", default="test", help="split whose final metrics are tabulated (default: test)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
     p.add_argument("--no-log", action="store_true", help="do not log the report as an MLflow run")
     p.set_defaults(func=_report)
+
+    p = subparsers.add_parser(
+        "compare", help="paired bootstrap of two runs' predictions on the same cases: A - B with 95%% CIs",
+        description="Paired bootstrap of metric(A) - metric(B) for two models scored on the same cases\n"
+        "(resampled jointly). A and B are MLflow run IDs (their logged predictions/<split>.npz or\n"
+        "<split>_predictions.csv) or such files; they must hold the same cases with the same labels.",
+        epilog="example:\n  lungcal compare <run A> <run B> --metrics auc ece brier",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", metavar="A", help="run ID or predictions file of model A")
+    p.add_argument("b", metavar="B", help="run ID or predictions file of model B")
+    p.add_argument("--metrics", nargs="+", default=["auc", "ece"],
+                   help="acc, auc, ece, nll, brier, mce, ... (default: auc ece)")
+    p.add_argument("--split", default="test", help="split of a run's predictions (default: test)")
+    p.add_argument("--n-bootstrap", type=int, default=2000, help="paired resamples (default 2000)")
+    p.add_argument("--n-bins", type=int, default=None, help="ECE bins (default: 10 for binary CT, 15 otherwise)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    p.set_defaults(func=_compare)
+
+    p = subparsers.add_parser(
+        "uncertainty", help="compare single model, +TS, MC dropout, deep ensemble and ensemble+TS on CT",
+        description="Train a deep ensemble with bundles/nlst_ensemble.json (or reuse one: --parent-run), then\n"
+        "score on the same test CTs: member 0 (+TS), MC dropout of member 0 (+TS), the ensemble (+TS, pool\n"
+        "then calibrate): ECE and AUC with CIs, NLL, Brier, AURC, mean entropy and MI, ΔECE against the\n"
+        "single model, and the inference cost. Run from the project root.",
+        epilog="examples:\n  lungcal uncertainty --members 3 --epochs 30 --output-dir runs/uncertainty\n"
+        "  lungcal uncertainty --parent-run <id> --output-dir runs/uncertainty --shift-datalist siteB.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parent-run", default=None, help="reuse this ensemble parent run instead of training")
+    p.add_argument("--members", type=int, default=3, help="ensemble size M when training (default 3)")
+    p.add_argument("--epochs", type=int, default=30, help="epochs per member when training (bundle default 120)")
+    p.add_argument("--mc-samples", type=int, default=20, help="MC-dropout passes (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-bootstrap", type=int, default=1000)
+    p.add_argument("--datalist", default=None, help="datalist JSON (default: the synthetic demo cohort)")
+    p.add_argument("--output-dir", default=None, help="output_dir of the runs (default: the bundle's)")
+    p.add_argument("--shift-datalist", default=None,
+                   help="also score this datalist's test split (another site), with nothing refitted")
+    p.add_argument("--out", default=None, help="also write the Markdown table here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                   help="any other bundle override, e.g. --set num_workers=4 (repeatable)")
+    p.set_defaults(func=_uncertainty)
 
 
 def _parse_overrides(items: list[str]) -> dict[str, str]:
@@ -89,9 +149,51 @@ def _report(args: argparse.Namespace) -> int:
     from lungcal.study.report import build_report
 
     res = build_report(args.experiment, args.out, tracking_uri=args.tracking_uri, split=args.split,
-                       log_run=not args.no_log)
+                       log_run=not args.no_log, sections=parse_sections(args.sections),
+                       n_bootstrap=args.n_bootstrap)
     print(Path(res["markdown"]).read_text())
     print(f"wrote {res['markdown']}\n      {res['csv']}\n      {res['html']}")
     if res["run_id"]:
         print(f"logged as MLflow run {res['run_id']} (experiment {args.experiment})")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from lungcal.study.differences import compare_predictions, predictions_of
+
+    a, b = (predictions_of(x, args.split, args.tracking_uri) for x in (args.a, args.b))
+    res = compare_predictions(a, b, args.metrics, n_bootstrap=args.n_bootstrap, seed=args.seed, n_bins=args.n_bins)
+    print(f"A = {args.a}\nB = {args.b}\n{res['n']} cases, {res['n_bins']} ECE bins, 95% paired-bootstrap CIs "
+          f"({args.n_bootstrap} resamples)")
+    for metric, d in res["diffs"].items():
+        verdict = "" if d["significant"] else "  not significant"
+        print(f"{metric}: A - B = {d['diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]  p = {d['p_value']:.3g}"
+              + verdict)
+    return 0
+
+
+def _uncertainty(args: argparse.Namespace) -> int:
+    from lungcal.paths import atomic_write_text
+    from lungcal.study.uncertainty import compare_uncertainty
+
+    overrides: dict[str, object] = {}
+    if args.datalist:
+        overrides["datalist"] = str(Path(args.datalist).resolve())
+    if args.output_dir:
+        overrides["output_dir"] = str(Path(args.output_dir).resolve())
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key.strip():
+                raise ValueError(item)
+            overrides[key.strip()] = json.loads(value)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            raise ConfigError(f"--set {item!r} is not KEY=JSON", field="--set",
+                              fix="write e.g. --set num_workers=4 (strings in JSON quotes)") from exc
+    text = compare_uncertainty(args.parent_run, members=args.members, epochs=args.epochs, mc_samples=args.mc_samples,
+                               seed=args.seed, n_bootstrap=args.n_bootstrap, overrides=overrides,
+                               shift_datalist=args.shift_datalist)
+    print(text, flush=True)
+    if args.out:
+        atomic_write_text(Path(args.out), text + "\n")
     return 0

@@ -13,6 +13,9 @@ Runs are paired by seed (the ``seed`` param); each claim is reported per seed wi
 as a mean over seeds. Predictions come from the artifacts every run logs:
 ``predictions/{split}.npz`` (CIFAR: ``probs``, ``labels``) or
 ``predictions/{split}_predictions.csv`` (CT: ``subject, label, probability``, aligned by subject).
+
+:func:`compare_predictions` is the same paired bootstrap for any two runs or predictions files
+(``lungcal compare A B``).
 """
 from __future__ import annotations
 
@@ -26,12 +29,19 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.metrics import accuracy, paired_bootstrap_diff
+from lungcal.errors import DataError
 from lungcal.tracking.names import TAG_DATASET, TAG_STAGE1, TAG_STAGE2
+from lungcal.tracking.tracker import default_tracking_uri, open_store
 
-__all__ = ["Claim", "load_predictions", "confidence_gap", "collect_claims", "render_claims"]
+__all__ = ["Claim", "read_predictions", "load_predictions", "predictions_of", "compare_predictions", "study_bins",
+           "format_diff", "confidence_gap", "collect_claims", "render_claims"]
 
-#: ECE bins of the study per dataset family (15 on CIFAR, 10 on CT)
 _CIFAR = ("cifar10", "cifar10lt")
+
+
+def study_bins(dataset: str) -> int:
+    """ECE bins of the study for a dataset: 15 on CIFAR, 10 on CT."""
+    return 15 if dataset in _CIFAR else 10
 
 
 @dataclass
@@ -49,6 +59,30 @@ class Claim:
         return float(np.mean(vals)) if vals else float("nan")
 
 
+def read_predictions(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """``(case ids, probs (N, C) or (N,), labels)`` from a predictions file a run logs.
+
+    ``*.npz`` (CIFAR: ``probs``, ``labels``; cases are numbered) or ``*.csv`` (CT: ``subject, label,
+    probability`` of cancer; cases are the subjects).
+    """
+    path = Path(path)
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                probs, labels = np.asarray(z["probs"], np.float64), np.asarray(z["labels"], np.int64)
+            return [str(i) for i in range(len(labels))], probs, labels
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        return ([r["subject"] for r in rows], np.array([float(r["probability"]) for r in rows]),
+                np.array([int(r["label"]) for r in rows]))
+    except OSError as exc:
+        raise DataError(f"cannot read predictions ({exc.strerror})", file=path,
+                        fix="pass a run's predictions/<split>.npz or <split>_predictions.csv") from exc
+    except (KeyError, ValueError) as exc:
+        raise DataError(f"not a predictions file ({exc})", file=path,
+                        fix="a .npz with probs and labels, or a CSV with subject,label,probability") from exc
+
+
 def load_predictions(client: MlflowClient, run_id: str, split: str = "test") -> tuple[list[str], np.ndarray,
                                                                                       np.ndarray] | None:
     """``(case ids, probs (N, C) or (N,), labels)`` from a run's logged predictions, or ``None``."""
@@ -57,15 +91,56 @@ def load_predictions(client: MlflowClient, run_id: str, split: str = "test") -> 
             local = Path(client.download_artifacts(run_id, name))
         except Exception:  # noqa: BLE001 - the run did not log this format
             continue
-        if local.suffix == ".npz":
-            with np.load(local, allow_pickle=False) as z:
-                probs, labels = np.asarray(z["probs"], np.float64), np.asarray(z["labels"], np.int64)
-            return [str(i) for i in range(len(labels))], probs, labels
-        with local.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-        return ([r["subject"] for r in rows], np.array([float(r["probability"]) for r in rows]),
-                np.array([int(r["label"]) for r in rows]))
+        return read_predictions(local)
     return None
+
+
+def predictions_of(source: str, split: str = "test", tracking_uri: str | None = None
+                   ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The predictions behind ``source``: a predictions file (:func:`read_predictions`) or an MLflow run ID."""
+    if Path(source).is_file():
+        return read_predictions(source)
+    uri = tracking_uri or default_tracking_uri()
+    client = open_store(uri)
+    try:
+        client.get_run(source)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types
+        raise DataError(f"'{source}' is neither a predictions file nor a run in {uri}", field="run",
+                        fix="pass a run ID (with --tracking-uri for another store) or a predictions file") from exc
+    found = load_predictions(client, source, split)
+    if found is None:
+        raise DataError(f"run {source} logged no predictions/{split}.npz or {split}_predictions.csv",
+                        field="--split", fix="choose a split the run scored, e.g. --split test")
+    return found
+
+
+def compare_predictions(a, b, metrics: Iterable[str] = ("auc", "ece"), n_bootstrap: int = 2000, seed: int = 0,
+                        n_bins: int | None = None) -> dict:
+    """Paired bootstrap of ``metric(A) - metric(B)`` for two models' predictions of the same cases.
+
+    Args:
+        a, b: ``(case ids, probs, labels)`` (:func:`read_predictions`); the two must hold the same
+            cases with the same labels (matched by case id, in any order).
+        metrics: names of :data:`lungcal.calibration.metrics.REPORT_METRICS` (and, binary, the clinical ones).
+        n_bins: ECE bins; default the study's: 10 for binary (CT) predictions, 15 otherwise.
+
+    Returns:
+        ``{"n": cases, "n_bins": bins, "diffs": {metric: paired_bootstrap_diff(...)}}``.
+    """
+    ids_b = {k: i for i, k in enumerate(b[0])}
+    if len(ids_b) != len(b[0]) or len(set(a[0])) != len(a[0]) or set(a[0]) != set(ids_b):
+        raise DataError(f"the two predictions do not hold the same cases ({len(a[0])} and {len(b[0])}, "
+                        f"{len(set(a[0]) & set(ids_b))} in common)", field="subject",
+                        fix="compare two runs scored on the same split of the same datalist")
+    order = np.array([ids_b[k] for k in a[0]], dtype=np.int64)
+    pb, yb = b[1][order], b[2][order]
+    if not np.array_equal(a[2], yb):
+        raise DataError(f"the two predictions disagree on {int((a[2] != yb).sum())} labels", field="label",
+                        fix="compare runs scored on the same datalist")
+    bins = n_bins if n_bins is not None else (10 if np.ndim(a[1]) == 1 else 15)
+    diffs = {m: paired_bootstrap_diff(m, a[1], pb, a[2], n_bootstrap=n_bootstrap, seed=seed, n_bins=bins)
+             for m in metrics}
+    return {"n": len(order), "n_bins": bins, "diffs": diffs}
 
 
 def confidence_gap(probs, labels) -> float:
@@ -119,7 +194,7 @@ def collect_claims(client: MlflowClient, exp_id: str, split: str = "test", n_boo
         a, b = preds(a_id), preds(b_id) if b_id else None
         if a is None or (b_id and b is None):
             return
-        bins = 15 if dataset in _CIFAR else 10
+        bins = study_bins(dataset)
         if fn is not None:  # a one-model statistic (its difference from 0)
             pa, y = a[1], a[2]
             res = {"diff": fn(pa, y), **_one_sample_ci(fn, pa, y, n_bootstrap, seed)}
@@ -153,7 +228,8 @@ def _one_sample_ci(fn, probs, labels, n_bootstrap: int, seed: int) -> dict:
             "n_bootstrap": int(reps.size)}
 
 
-def _fmt(d: Mapping, percent: bool) -> str:
+def format_diff(d: Mapping, percent: bool) -> str:
+    """``+x.xx [+lo, +hi]`` (points of %, or a fraction to 3 places), `` (not significant)`` where the CI spans 0."""
     k = 100.0 if percent else 1.0
     text = f"{k * d['diff']:+.2f} [{k * d['ci_low']:+.2f}, {k * d['ci_high']:+.2f}]" if percent else \
         f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
@@ -171,7 +247,7 @@ def render_claims(claims: Iterable[Claim]) -> list[str]:
              "|---|---|---|---|---|"]
     for c in claims:
         percent = c.metric != "auc"
-        per = "; ".join(f"seed {s}: {_fmt(d, percent)}" for s, d in sorted(c.per_seed.items()))
+        per = "; ".join(f"seed {s}: {format_diff(d, percent)}" for s, d in sorted(c.per_seed.items()))
         mean = f"{(100 if percent else 1) * c.mean:+.{2 if percent else 3}f}"
         lines.append(f"| {c.dataset} | {c.name} | {len(c.per_seed)} | {mean} | {per} |")
     return lines + [""]

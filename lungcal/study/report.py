@@ -14,8 +14,14 @@ groups the stage-2 methods (none, TS, LAS), cells ACC, AUC and ECE with their 95
   ``{split}/sensitivity_cov90`` etc., :func:`lungcal.calibration.selective.selective_report`) get a
   referral section per dataset: what referring the 10% least certain cases does to sensitivity
   (accuracy for multi-class runs) on the rest.
-* For CIFAR-10 / CIFAR-10-LT the study's published numbers (``published_results.csv``, shipped in
-  the package) are shown side by side; unknown published cells stay empty.
+* The study's published numbers (``published_results.csv``, shipped in the package) are shown side
+  by side; unknown published cells stay empty. A table of our synthetic NLST-like cohort (dataset
+  tag ``synthetic``) is shown beside the numbers published on *real* NLST CTs, and its columns say
+  so (``published on real NLST``): a reference from other data, never a synthetic number called NLST.
+* Further sections (``--sections``, :mod:`lungcal.study.sections`): ``classes`` (accuracy per class
+  and per many / medium / few group, :mod:`lungcal.study.classes`) and ``posthoc`` (the post-hoc
+  fixes of each CIFAR stage-1 run side by side, :mod:`lungcal.study.posthoc`), appended to the
+  Markdown and the HTML page.
 * It writes ``report.md``, ``report.csv`` and a self-contained ``report.html`` (reliability
   diagrams embedded as base64 PNGs, in a stage-1 x stage-2 grid) and logs the three files as
   artifacts of a run named ``report`` (tag ``lungcal.report=true``) in the same experiment.
@@ -35,7 +41,7 @@ import html
 import io
 import math
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
@@ -45,7 +51,10 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.paths import default_output_dir
+from lungcal.study.classes import class_lines
 from lungcal.study.differences import collect_claims, render_claims
+from lungcal.study.posthoc import posthoc_lines
+from lungcal.study.sections import DEFAULT_SECTIONS, SECTIONS, Config
 from lungcal.tracking.liveness import reap_orphaned_runs
 from lungcal.tracking.names import TAG_DATASET, TAG_REPORT, TAG_STAGE1, TAG_STAGE2
 from lungcal.tracking.tracker import check_tracking_uri, default_tracking_uri
@@ -58,6 +67,7 @@ __all__ = [
     "StudyTable",
     "load_published",
     "collect_tables",
+    "configurations",
     "best_calibrated",
     "render_markdown",
     "write_csv",
@@ -83,6 +93,10 @@ REFERRAL_METRICS = ("aurc", "sensitivity", "specificity", "acc_cov90", "sensitiv
                     "referred_cancer_share_cov90", "n_referred_cov90")
 PERCENT_METRICS = ("acc", "ece")  # shown ×100
 PUBLISHED_DATASETS = ("cifar10", "cifar10lt", "nlst", "ucd")
+#: a dataset shown beside another dataset's published numbers: our synthetic NLST-like cohort beside real NLST's
+PUBLISHED_REFERENCE = {"synthetic": "nlst"}
+#: how the report names a dataset in a heading or a column (the tag itself when absent)
+DATASET_LABEL = {"synthetic": "synthetic (our NLST-like synthetic cohort, not NLST)", "nlst": "real NLST"}
 
 
 def normalise_stage2(value: str | None) -> str:
@@ -110,11 +124,16 @@ class Cell:
 
 @dataclass
 class StudyTable:
-    """All cells of one dataset, plus the published numbers for it (percent), if any."""
+    """All cells of one dataset, plus the published numbers for it (percent), if any.
+
+    ``published_on`` names the dataset the published numbers were measured on where it is not
+    ``dataset`` itself (``"nlst"`` beside the ``synthetic`` NLST-like cohort), else ``""``.
+    """
 
     dataset: str
     cells: dict[tuple[str, str], Cell]
     published: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    published_on: str = ""
 
     @property
     def stage1_methods(self) -> list[str]:
@@ -226,7 +245,22 @@ def collect_tables(experiment: str, *, tracking_uri: str | None = None, split: s
         page_token = page.token
         if not page_token:
             break
-    return [StudyTable(ds, cells[ds], dict(published.get(ds, {}))) for ds in sorted(cells)]
+    tables = []
+    for ds in sorted(cells):
+        ref = PUBLISHED_REFERENCE.get(ds, ds)
+        pub = dict(published.get(ref, {}))
+        tables.append(StudyTable(ds, cells[ds], pub, published_on=ref if pub and ref != ds else ""))
+    return tables
+
+
+def configurations(tables: Iterable[StudyTable]) -> list[Config]:
+    """The measured configurations of ``tables``, in display order (stage 1, then stage 2)."""
+    return [Config(t.dataset, s1, s2, _config_label(s1, s2), t.cells[(s1, s2)].run_id)
+            for t in tables for s1 in t.stage1_methods for s2 in t.stage2_methods if (s1, s2) in t.cells]
+
+
+def _config_label(s1: str, s2: str) -> str:
+    return f"{STAGE1_LABEL.get(s1, s1)} + {STAGE2_LABEL.get(s2, s2)}"
 
 
 def best_calibrated(cells: Iterable[Cell]) -> Cell | None:
@@ -275,11 +309,22 @@ def _columns(table: StudyTable) -> list[tuple[str, str, str]]:
     return cols
 
 
-def _header(col: tuple[str, str, str]) -> str:
+def _header(table: StudyTable, col: tuple[str, str, str]) -> str:
     s2, kind, m = col
     unit = " %" if m in PERCENT_METRICS else ""
     name = METRIC_LABEL.get(m, m.upper()) + unit
-    return f"{STAGE2_LABEL.get(s2, s2)}: {name}" + (" (published)" if kind == "published" else "")
+    if kind != "published":
+        return f"{STAGE2_LABEL.get(s2, s2)}: {name}"
+    on = f" on {DATASET_LABEL.get(table.published_on, table.published_on)}" if table.published_on else ""
+    return f"{STAGE2_LABEL.get(s2, s2)}: {name} (published{on})"
+
+
+def _published_note(table: StudyTable) -> str:
+    if not table.published_on:
+        return "Published columns: the study's reported numbers (empty where not reported)."
+    return (f"Published columns: the study's numbers on {DATASET_LABEL.get(table.published_on, table.published_on)}, "
+            f"shown as a reference: they were measured on other data than this table's "
+            f"{DATASET_LABEL.get(table.dataset, table.dataset)} (empty where not reported).")
 
 
 def _cell_text(table: StudyTable, s1: str, col: tuple[str, str, str]) -> str:
@@ -357,7 +402,8 @@ def render_markdown(tables: list[StudyTable], experiment: str, split: str = "tes
     for table in tables:
         best = best_calibrated(table.cells.values())
         cols = _columns(table)
-        lines += [f"## {table.dataset}", "", "| stage 1 | " + " | ".join(_header(c) for c in cols) + " |",
+        lines += [f"## {DATASET_LABEL.get(table.dataset, table.dataset)}", "",
+                  "| stage 1 | " + " | ".join(_header(table, c) for c in cols) + " |",
                   "|---|" + "---|" * len(cols)]
         for s1 in table.stage1_methods:
             texts = []
@@ -369,7 +415,7 @@ def render_markdown(tables: list[StudyTable], experiment: str, split: str = "tes
             lines.append(f"| {STAGE1_LABEL.get(s1, s1)} | " + " | ".join(texts) + " |")
         lines += ["", _best_note(table, best)]
         if table.has_published:
-            lines.append("Published columns: the study's reported numbers (empty where not reported).")
+            lines.append(_published_note(table))
         dup = [c for c in table.cells.values() if c.n_runs > 1]
         if dup:
             lines.append("Configurations with several finished runs show the latest: " + ", ".join(
@@ -385,7 +431,7 @@ def write_csv(tables: list[StudyTable], path: str | Path) -> Path:
     fields = ["dataset", "stage1", "stage2", "run_id"]
     for m in METRICS + CLINICAL_METRICS:
         fields += [m, f"{m}_ci_low", f"{m}_ci_high"]
-    fields += ["best_calibrated", "published_acc", "published_ece"]
+    fields += ["best_calibrated", "published_acc", "published_ece", "published_on"]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -401,7 +447,9 @@ def write_csv(tables: list[StudyTable], path: str | Path) -> Path:
                            "run_id": cell.run_id if cell else "",
                            "best_calibrated": int(cell is not None and cell is best),
                            "published_acc": "" if pub["acc"] is None else pub["acc"],
-                           "published_ece": "" if pub["ece"] is None else pub["ece"]}
+                           "published_ece": "" if pub["ece"] is None else pub["ece"],
+                           "published_on": "" if all(v is None for v in pub.values())
+                           else table.published_on or table.dataset}
                     for m in METRICS + CLINICAL_METRICS:
                         v = cell.get(m) if cell and m in cell.metrics else (float("nan"),) * 3
                         for suffix, x in zip(("", "_ci_low", "_ci_high"), v):
@@ -457,10 +505,13 @@ td.best{font-weight:bold;background:#e7f6e7} td.pub{color:#555;background:#fafaf
 
 
 def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
-                diagrams: Mapping[str, bytes] | None = None, risk_plots: Mapping[str, bytes] | None = None) -> str:
+                diagrams: Mapping[str, bytes] | None = None, risk_plots: Mapping[str, bytes] | None = None,
+                sections_md: Sequence[str] = (), study: bool = True) -> str:
     """A self-contained HTML page: the tables and, per dataset, a stage-1 x stage-2 grid of
     reliability diagrams (``diagrams[run_id]`` = PNG bytes, embedded as base64), and one of
-    risk-coverage plots (``risk_plots[run_id]``) where any run of the dataset has one."""
+    risk-coverage plots (``risk_plots[run_id]``) where any run of the dataset has one; then the
+    further sections' Markdown lines (``sections_md``). ``study=False`` leaves the tables out."""
+    tables = tables if study else []
     diagrams = diagrams or {}
     risk_plots = risk_plots or {}
     e = html.escape
@@ -469,13 +520,13 @@ def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
              f"<h1>Calibration study report: <code>{e(experiment)}</code></h1>",
              f"<p>Split <code>{e(split)}</code>. ACC and ECE in %, AUC as a fraction; 95% bootstrap CIs in "
              f"brackets. Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.</p>"]
-    if not tables:
+    if study and not tables:
         parts.append("<p>No finished runs with final metrics were found.</p>")
     for table in tables:
         best = best_calibrated(table.cells.values())
         cols = _columns(table)
-        parts.append(f"<h2>{e(table.dataset)}</h2><table><tr><th>stage 1</th>")
-        parts += [f"<th>{e(_header(c))}</th>" for c in cols]
+        parts.append(f"<h2>{e(DATASET_LABEL.get(table.dataset, table.dataset))}</h2><table><tr><th>stage 1</th>")
+        parts += [f"<th>{e(_header(table, c))}</th>" for c in cols]
         parts.append("</tr>")
         for s1 in table.stage1_methods:
             parts.append(f"<tr><td>{e(STAGE1_LABEL.get(s1, s1))}</td>")
@@ -486,13 +537,15 @@ def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
             parts.append("</tr>")
         parts.append("</table>")
         parts.append(f"<p>{e(_best_note(table, best).replace('**', ''))}</p>")
+        if table.has_published:
+            parts.append(f"<p>{e(_published_note(table))}</p>")
         s2s = table.stage2_methods
         parts.append(f"<h3>Reliability diagrams ({e(table.dataset)}, {e(split)})</h3>"
                      f"<div class='grid' style='grid-template-columns:repeat({len(s2s)},1fr)'>")
         for s1 in table.stage1_methods:
             for s2 in s2s:
                 cell = table.cells.get((s1, s2))
-                label = f"{STAGE1_LABEL.get(s1, s1)} + {STAGE2_LABEL.get(s2, s2)}"
+                label = _config_label(s1, s2)
                 png = diagrams.get(cell.run_id) if cell else None
                 if png:
                     b64 = base64.b64encode(png).decode("ascii")
@@ -502,8 +555,34 @@ def render_html(tables: list[StudyTable], experiment: str, split: str = "test",
                 parts.append(f"<figure>{body}<figcaption>{e(label)}</figcaption></figure>")
         parts.append("</div>")
         parts += _risk_grid(table, split, risk_plots)
+    parts += _markdown_html(sections_md)
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _markdown_html(lines: Sequence[str]) -> list[str]:
+    """The report sections' Markdown (headings, pipe tables, paragraphs) as HTML."""
+    e = html.escape
+    parts: list[str] = []
+    table: list[list[str]] = []
+    for line in [*lines, ""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= {"-", ":"} for c in cells):  # not the |---| rule
+                table.append(cells)
+            continue
+        if table:
+            head, *body = table
+            parts.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in body)
+                         + "</table>")
+            table = []
+        level = len(line) - len(line.lstrip("#"))
+        if 0 < level <= 6 and line[level:level + 1] == " ":
+            parts.append(f"<h{level}>{e(line[level + 1:])}</h{level}>")
+        elif line.strip():
+            parts.append(f"<p>{e(line)}</p>")
+    return parts
 
 
 def _risk_grid(table: StudyTable, split: str, risk_plots: Mapping[str, bytes]) -> list[str]:
@@ -516,7 +595,7 @@ def _risk_grid(table: StudyTable, split: str, risk_plots: Mapping[str, bytes]) -
     for s1 in table.stage1_methods:
         for s2 in table.stage2_methods:
             cell = table.cells.get((s1, s2))
-            label = f"{STAGE1_LABEL.get(s1, s1)} + {STAGE2_LABEL.get(s2, s2)}"
+            label = _config_label(s1, s2)
             png = risk_plots.get(cell.run_id) if cell else None
             body = (f"<img alt='{e(label)}' src='data:image/png;base64,{base64.b64encode(png).decode('ascii')}'>"
                     if png else "<div class='empty'>no plot</div>")
@@ -527,8 +606,8 @@ def _risk_grid(table: StudyTable, split: str, risk_plots: Mapping[str, bytes]) -
 
 # ------------------------------------------------------------------------------------ entry point
 def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking_uri: str | None = None,
-                 split: str = "test", log_run: bool = True,
-                 published_path: str | Path | None = None) -> dict[str, object]:
+                 split: str = "test", log_run: bool = True, published_path: str | Path | None = None,
+                 sections: Sequence[str] = DEFAULT_SECTIONS, n_bootstrap: int = 1000) -> dict[str, object]:
     """Build the study report of one MLflow experiment.
 
     Args:
@@ -539,11 +618,19 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
         split: the split whose final metrics are tabulated.
         log_run: also log the three files as artifacts of a new ``report`` run.
         published_path: override the shipped published-results CSV.
+        sections: which of :data:`lungcal.study.sections.SECTIONS` to write (``study``: the tables,
+            referral and paired differences; ``classes``; ``posthoc``), in that order.
+        n_bootstrap: resamples of the ``classes`` and ``posthoc`` sections' CIs.
 
     Returns:
         ``{"markdown": Path, "csv": Path, "html": Path, "run_id": str | None, "tables": [...],
         "claims": [...]}`` (the study's claims as paired differences, :mod:`lungcal.study.differences`).
     """
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown or not sections:
+        raise ConfigError(f"unknown report sections {unknown}" if unknown else "no report section chosen",
+                          field="sections", fix="choose from " + ", ".join(SECTIONS))
+    study = "study" in sections
     tracking_uri = tracking_uri or default_tracking_uri()
     tables = collect_tables(experiment, tracking_uri=tracking_uri, split=split,
                             published=load_published(published_path))
@@ -551,7 +638,7 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
     out.mkdir(parents=True, exist_ok=True)
     client = _client(tracking_uri)
     diagrams, risk_plots = {}, {}
-    for table in tables:
+    for table in tables if study else []:
         for cell in table.cells.values():
             png = reliability_png(client, cell.run_id, split)
             if png:
@@ -559,12 +646,20 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
             png = risk_coverage_png(client, cell.run_id, split)
             if png:
                 risk_plots[cell.run_id] = png
-    claims = collect_claims(client, _experiment_id(client, experiment), split)
+    claims = collect_claims(client, _experiment_id(client, experiment), split) if study else []
+    configs = configurations(tables)
+    extra: list[str] = []
+    if "classes" in sections:
+        extra += class_lines(client, configs, split, n_bootstrap)
+    if "posthoc" in sections:
+        extra += posthoc_lines(client, configs, split, n_bootstrap)
     md = out / "report.md"
-    md.write_text(render_markdown(tables, experiment, split) + "\n".join(["", *render_claims(claims)]))
+    head = (render_markdown(tables, experiment, split) + "\n".join(["", *render_claims(claims)]) if study else
+            f"# Calibration study report: experiment `{experiment}`\n\nSplit: `{split}`.\n")
+    md.write_text(head + "\n".join(["", *extra]))
     csv_path = write_csv(tables, out / "report.csv")
     html_path = out / "report.html"
-    html_path.write_text(render_html(tables, experiment, split, diagrams, risk_plots))
+    html_path.write_text(render_html(tables, experiment, split, diagrams, risk_plots, extra, study=study))
     run_id = None
     if log_run:
         exp_id = _experiment_id(client, experiment)
@@ -572,6 +667,7 @@ def build_report(experiment: str, out_dir: str | Path | None = None, *, tracking
         run_id = run.info.run_id
         try:
             client.log_param(run_id, "split", split)
+            client.log_param(run_id, "sections", ",".join(sections))
             client.log_metric(run_id, "report/configurations", sum(len(t.cells) for t in tables))
             for p in (md, csv_path, html_path):
                 client.log_artifact(run_id, str(p), "report")

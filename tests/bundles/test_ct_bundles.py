@@ -37,11 +37,13 @@ from lungcal.tracking import (
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLES = ROOT / "bundles"
 STAGE1 = ["nlst_ce", "nlst_focal", "nlst_mixup", "nlst_focal_mixup"]
+#: the stage-1 recipes that state only what differs from bundles/nlst_focal.json
+VARIANTS = ("nlst_ce", "nlst_mixup", "nlst_focal_mixup", "nlst_ensemble")
 OBJECTS = ("preprocessing", "detector", "cohort", "network_def", "loss", "optimizer", "lr_scheduler")
 RESNET10 = {
     "_target_": "lungcal.mil.LogSumExpMIL",
-    "encoder": {"_target_": "monai.networks.nets.resnet10", "spatial_dims": 3, "n_input_channels": 1,
-                "num_classes": "@embed_dim"},
+    "encoder": {"_target_": "lungcal.runtime.bundle_config.build", "target": "monai.networks.nets.resnet10",
+                "spatial_dims": 3, "n_input_channels": 1, "num_classes": "@embed_dim"},
     "embed_dim": "@embed_dim", "attn_dim": "@attn_dim", "dropout": "@dropout", "tta_flips": "@tta_flips",
 }
 #: the tiny cohort is at 5 mm: series checks that accept its slices and pixels (the defaults refuse both)
@@ -54,10 +56,16 @@ def store(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
+def config_files(name: str) -> str | list[str]:
+    """The files of a CT bundle: a stage-1 variant goes over the complete focal bundle, as the README runs it."""
+    path = str(Path("bundles") / f"{name}.json")
+    return [str(Path("bundles") / "nlst_focal.json"), path] if name in VARIANTS else path
+
+
 def run_bundle(name: str, monkeypatch, **overrides):
-    """``python -m monai.bundle run --config_file bundles/<name>.json --k v ...`` in-process, from the root."""
+    """``python -m monai.bundle run --config_file <files of name> --k v ...`` in-process, from the root."""
     monkeypatch.chdir(ROOT)  # % macros resolve from the working directory
-    run(config_file=str(Path("bundles") / f"{name}.json"), logging_file=False, **overrides)
+    run(config_file=config_files(name), logging_file=False, **overrides)
 
 
 def tiny(cohort: Path, store: Path, **kw):
@@ -77,22 +85,42 @@ def _stage1_run(store: Path, run_name: str):
     return [r for r in runs if r.info.run_name == run_name][0]
 
 
-def test_variants_hold_choices_and_the_wiring_holds_the_objects():
-    common = json.loads((BUNDLES / "ct_common.json").read_text())
-    for key in OBJECTS + ("workflow", "las", "inference"):
-        assert "_target_" in common[key], key
-    assert common["train"]["trainer"]["_target_"] == "SupervisedTrainer"
-    assert common["validate"]["evaluator"]["_target_"] == "SupervisedEvaluator"
-    assert common["validate"]["key_metric"]["val_auc"]["_target_"].endswith("CalibrationMetrics")
-    for name in STAGE1:
+def test_the_focal_bundle_is_complete_and_the_variants_state_only_what_differs():
+    base = json.loads((BUNDLES / "nlst_focal.json").read_text())
+    for key in OBJECTS + ("workflow", "store", "evaluation"):
+        assert "_target_" in base[key], key
+    assert not [k for k, v in base.items() if isinstance(v, str) and v.startswith("%")], "no macro sections"
+    assert base["train"]["trainer"]["_target_"] == "monai.engines.SupervisedTrainer"
+    assert base["validate"]["evaluator"]["_target_"] == "monai.engines.SupervisedEvaluator"
+    assert base["validate"]["key_metric"]["val_auc"]["_target_"].endswith("CalibrationMetrics")
+    targets = re.findall(r'"_target_": "([^"]+)"', json.dumps(base))
+    assert all("." in t for t in targets), f"one _target_ style (fully qualified): {targets}"
+    # every named hyperparameter reaches the run through settings, by reference
+    values = [k for k, v in base.items() if not k.startswith("_") and not isinstance(v, dict)
+              and k not in ("imports", "initialize", "run", "network")]
+    assert base["settings"] == {k: f"@{k}" for k in values}
+    for name in VARIANTS:
         cfg = json.loads((BUNDLES / f"{name}.json").read_text())
-        for key in ("network_def", "train", "validate", "workflow", "run"):
-            assert cfg[key] == f"%bundles/ct_common.json#{key}"
-        targets = [k for k, v in cfg.items() if "_target_" in json.dumps(v)]
-        assert targets in ([], ["loss"]), f"{name}.json repeats wiring: {targets}"
-        assert cfg["post_hoc"] == ["ts"]
+        assert len([k for k in cfg if not k.startswith("_")]) <= 15, name
+        same = [k for k in cfg if k in base and cfg[k] == base[k]]
+        assert not same, f"{name}.json restates {same} of nlst_focal.json"
     for f in ("metadata.json", "logging.conf", "nlst_las.json", "inference.json"):
         assert (BUNDLES / f).is_file()
+
+
+def test_a_nested_override_reaches_the_object_and_the_run_logs_the_resolved_config(tiny_cohort, store, monkeypatch):
+    run_bundle("nlst_focal", monkeypatch, **tiny(tiny_cohort, store, run_name="t-nested"),
+               **{"network_def#encoder#embed_dim": 24, "train#dataloader#batch_size": 3})
+    s1 = _stage1_run(store, "t-nested")
+    ck = torch.load(store / "checkpoints" / s1.info.run_id / "best.pt", weights_only=True)
+    assert ck["network_def"]["encoder"]["embed_dim"] == 24
+    assert ck["state_dict"]["encoder.proj.0.weight"].shape[0] == 24
+    client = MlflowClient(default_tracking_uri(store))
+    resolved = json.loads(Path(client.download_artifacts(s1.info.run_id, "config/resolved.json")).read_text())
+    assert resolved["settings"]["epochs"] == 1 and resolved["settings"]["patch_size"] == 8
+    assert resolved["network_def"]["encoder"]["embed_dim"] == 24
+    assert resolved["loss"]["_target_"] == "lungcal.calibration.losses.FocalLoss"
+    assert "output_dir" not in resolved["settings"] and "datalist" not in resolved["settings"]  # no paths
 
 
 def test_las_without_stage1_run_is_a_config_error(tiny_cohort, tmp_path, monkeypatch):
@@ -139,13 +167,15 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     assert {Path(p).stem for paths in shown.values() for p in paths} <= test_cts
     params = s1.data.params
     assert params["datalist.source"] == "synthetic" and params["epochs"] == "1" and params["method"] == method
-    assert params["network_def._target_"] == "lungcal.mil.LogSumExpMIL" and params["network_def.attn_dim"] == "64"
+    assert params["network_def._target_"] == "lungcal.mil.models.LogSumExpMIL"
+    assert params["network_def.attn_dim"] == "64"
     assert all(str(tiny_cohort.parent) not in v for v in params.values())
     ckdir = store / "checkpoints" / s1.info.run_id
     assert (ckdir / "best.pt").is_file() and (ckdir / "last.pt").is_file()
     assert not list(ckdir.glob(".*.tmp"))
     ck = torch.load(ckdir / "best.pt", weights_only=True)
-    assert ck["network_def"]["encoder"] == {"_target_": "lungcal.mil.SmallCNNEncoder", "embed_dim": 64}
+    assert ck["network_def"]["encoder"] == {"_target_": "lungcal.mil.encoders.SmallCNNEncoder", "embed_dim": 64,
+                                            "width": 16, "in_channels": 1}
     assert json.loads(ck["bag_params"])["patch_size"] == 8
 
 
@@ -169,10 +199,10 @@ def test_encoder_swap_by_config_trains_and_las_and_inference_rebuild_it(tiny_coh
                                                    embed_dim=16))
     s1 = _stage1_run(store, "t-resnet10")
     ck = torch.load(store / "checkpoints" / s1.info.run_id / "best.pt", weights_only=True)
-    assert ck["network_def"]["encoder"]["_target_"] == "monai.networks.nets.resnet10"
+    assert ck["network_def"]["encoder"]["target"] == "monai.networks.nets.resnet10"
     assert ck["network_def"]["encoder"]["num_classes"] == 16
     assert any(k.startswith("encoder.layer4.") for k in ck["state_dict"])
-    assert s1.data.params["network_def.encoder._target_"] == "monai.networks.nets.resnet10"
+    assert s1.data.params["network_def.encoder.target"] == "monai.networks.nets.resnet10"
     run_bundle("nlst_las", monkeypatch, datalist=str(tiny_cohort), output_dir=str(store), epochs=2, n_bootstrap=20,
                num_workers=0, stage1_run_id=s1.info.run_id, run_name="t-resnet10-las")
     _, las = _runs(store, **{TAG_PARENT: s1.info.run_id, TAG_STAGE2: "las"})

@@ -25,9 +25,10 @@ from monai.bundle import run
 from PIL import Image
 
 from lungcal.calibration.scaling import PlattScaler, calibrated_probs
+from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.cli import main
 from lungcal.engine.evaluate.calibrators import reference_calibrator
-from lungcal.engine.evaluate.cases import REFERRAL_METRIC, ReferralRule, referral_threshold
+from lungcal.engine.evaluate.cases import ReferralRule
 from lungcal.engine.evaluate.pictures import (
     _patch,
     _plane,

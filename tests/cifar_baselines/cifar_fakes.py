@@ -1,10 +1,14 @@
-"""Tiny CIFAR-format folders for the cifar_baselines tests (official pickle layout)."""
+"""Tiny CIFAR-format folders for the cifar_baselines tests (official pickle layout), and a one-epoch run on them."""
 from __future__ import annotations
 
 import pickle
 from pathlib import Path
 
 import numpy as np
+
+from cifar_baselines.bundle import run_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_fake_cifar(root: Path, n_train_per_class: int = 30, n_test_per_class: int = 8, seed: int = 0) -> Path:
@@ -29,3 +33,14 @@ def write_fake_cifar(root: Path, n_train_per_class: int = 30, n_test_per_class: 
     with open(out / "batches.meta", "wb") as f:
         pickle.dump({b"label_names": [b"c%d" % i for i in range(10)]}, f, protocol=2)
     return Path(root)
+
+
+def tiny_stage1_run(bundle: str, folder: Path, tmp_path: Path, monkeypatch) -> tuple[str, str]:
+    """``(run id, tracking URI)`` of a one-epoch ``bundles/<bundle>.json`` stage-1 run on fake LT data in ``folder``."""
+    monkeypatch.chdir(ROOT)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    res = run_bundle(f"bundles/{bundle}.json", {
+        "data_dir": str(folder), "output_dir": str(tmp_path), "tracking_uri": uri, "batch_size": 64,
+        "n_bootstrap": 20, "val_per_class": 5, "epochs": 1, "warmup_epochs": 1, "lr_milestones": [1],
+        "imb_factor": 0.1})
+    return res["run_id"], uri

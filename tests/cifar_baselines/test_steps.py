@@ -82,7 +82,7 @@ def test_non_finite_loss_says_what_to_do(batches):
 
 @pytest.mark.parametrize("mixup_alpha", [0.0, 1.0])
 def test_train_step_feeds_the_network_what_its_batch_method_makes(batches, mixup_alpha):
-    """``TrainStep.batch`` is the step's own input pipeline (``scripts/precision_check.py`` relies on it):
+    """``TrainStep.batch`` is the step's own input pipeline (``experiments/precision_check.py`` relies on it):
     a second step with the same seed, called on the same uint8 batches, reproduces every input and target."""
     x, y = batches
     data = list(BatchIterator(x, y, 8))

@@ -103,10 +103,19 @@ def test_build_report_writes_and_logs(store, tmp_path):
     assert "| CE | 72.00 [71.00, 73.00] | 0.810 [0.800, 0.820] | 20.00 [19.00, 21.00] |" in md
     assert "**3.00 [2.00, 4.00]**" in md and "Best calibrated: **Focal + TS**" in md
     assert md.count("**") == 2 * 3 + 2  # the three focal+ts cells and the note
-    assert "(published)" not in md
+    # the synthetic NLST-like cohort beside the numbers published on real NLST, never called NLST itself
+    assert "## synthetic (our NLST-like synthetic cohort, not NLST)" in md and "## nlst" not in md.lower()
+    header = next(line for line in md.splitlines() if line.startswith("| stage 1"))
+    assert "none: ECE % (published on real NLST)" in header and "TS: ECE % (published on real NLST)" in header
+    assert "(published)" not in md and "ACC % (published" not in header  # only the ECEs were published
+    focal = next(line for line in md.splitlines() if line.startswith("| Focal |")).split("|")
+    cols = [c.strip() for c in header.split("|")]
+    assert focal[cols.index("none: ECE % (published on real NLST)")].strip() == "16.16"
+    assert "the study's numbers on real NLST, shown as a reference" in md
     rows = list(csv.DictReader(res["csv"].open()))
     by = {(r["stage1"], r["stage2"]): r for r in rows}
     assert float(by[("focal", "ts")]["ece"]) == pytest.approx(0.03) and by[("focal", "ts")]["best_calibrated"] == "1"
+    assert by[("focal", "ts")]["published_on"] == "nlst" and by[("ce", "ts")]["published_on"] == ""
     assert by[("ce", "none")]["best_calibrated"] == "0"
     page = res["html"].read_text()
     assert page.count("data:image/png;base64,") == 1  # only ce/none logged a diagram
@@ -143,6 +152,7 @@ def test_cifar_report_shows_published_side_by_side(store, tmp_path):
     rows = list(csv.DictReader(res["csv"].open()))
     fm = next(r for r in rows if r["stage1"] == "focal_mixup")
     assert fm["run_id"] == "" and fm["ece"] == "" and math.isclose(float(fm["published_ece"]), 27.92)
+    assert fm["published_on"] == "cifar10"
     assert res["run_id"] is None
 
 

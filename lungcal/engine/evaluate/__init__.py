@@ -1,1 +1,1 @@
-"""What a run reports: split reports and plots, summaries, stored calibrators, case records, pictures, instance truth."""
+"""What a run reports: split reports and plots, summaries, stored calibrators, case records, pictures."""

@@ -48,13 +48,13 @@ from lungcal.calibration.scaling import (
     probabilities,
     select_calibrator,
 )
+from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.candidates.cache import BagParams, masker_from_config
 from lungcal.ct.qc import QCConfig
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.engine.data.series_qc import keep_passing, screen
 from lungcal.engine.data.unlabelled import unlabelled_rows
 from lungcal.engine.evaluate.calibrators import reference_calibrator
-from lungcal.engine.evaluate.cases import REFERRAL_METRIC, referral_threshold
 from lungcal.engine.evaluate.reports import evaluate_probs, log_split
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lungcal.engine.evaluate.summary import with_ci
+from lungcal.workflow import with_ci
 
 __all__ = ["ROW_LABELS", "format_summary"]
 

@@ -22,7 +22,6 @@ from lungcal.calibration.las import class_counts_from_labels, retrain_head_las
 from lungcal.calibration.scaling import probabilities
 from lungcal.engine.data.cohort import CTCohort, resolve_output_dir
 from lungcal.engine.evaluate.reports import evaluate_probs, log_split
-from lungcal.engine.evaluate.summary import summary_lines
 from lungcal.engine.model.checkpoint import kernel_augment_of, load_stage1, network_config
 from lungcal.engine.model.heads import apply_head
 from lungcal.engine.model.predict import predict
@@ -33,6 +32,7 @@ from lungcal.runtime.distributed import world_size
 from lungcal.runtime.resume import IDENTITY_EXCLUDE, as_bool, run_identity
 from lungcal.tracking import CT_EXPERIMENT, RunTracker, default_tracking_uri
 from lungcal.tracking.names import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
+from lungcal.workflow import CT_COLUMNS, summary_lines
 
 __all__ = ["LASRun"]
 
@@ -119,5 +119,7 @@ class LASRun:
         shutil.rmtree(record.parent, ignore_errors=True)
         self.result = {"run_id": run_id, "parent": stage1.run_id, "test": rep, "class_counts": counts}
         print(summary_lines(f"{method} + LAS (stage 2)", [(f"{method}+LAS", rep)], self.output_dir,
-                            self.tracking_uri, [run_id]), flush=True)
+                            self.tracking_uri, [("LAS", run_id)], columns=CT_COLUMNS,
+                            next_steps=[f"lungcal report --experiment nlst --tracking-uri {self.tracking_uri}"]),
+              flush=True)
         return self.result

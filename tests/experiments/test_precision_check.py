@@ -1,4 +1,4 @@
-"""scripts/precision_check.py: bf16 gradients against float32 ones and against SGD's own noise."""
+"""experiments/precision_check.py: bf16 gradients against float32 ones and against SGD's own noise."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,8 @@ import torch
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.steps import prepare_images
 from lungcal.calibration.losses import FocalLoss
-from tests.scripts.conftest import load_script, tiny_stage1_run
+from tests.cifar_baselines.cifar_fakes import tiny_stage1_run
+from tests.experiments.conftest import load_script
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""scripts/bn_recalibration.py: a CIFAR model scored with re-estimated BatchNorm statistics."""
+"""experiments/bn_recalibration.py: a CIFAR model scored with re-estimated BatchNorm statistics."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,8 @@ from mlflow.tracking import MlflowClient
 
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.steps import prepare_images
-from tests.scripts.conftest import load_script, tiny_stage1_run
+from tests.cifar_baselines.cifar_fakes import tiny_stage1_run
+from tests.experiments.conftest import load_script
 
 
 @pytest.fixture(scope="module")

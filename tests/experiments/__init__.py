@@ -1,0 +1,1 @@
+"""Tests of the one-off experiments in ``experiments/`` (loaded by path)."""
