@@ -157,7 +157,7 @@ class TrainStep:
 
         Crop and flip (when ``augment``), normalise, channels_last, then mixup (when ``mixup_alpha >
         0``: the target becomes soft, ``(B, C)``), drawing from :attr:`generator`. The step itself
-        and ``scripts/precision_check.py`` both call this, so the check measures what training does.
+        and ``experiments/precision_check.py`` both call this, so the check measures what training does.
         """
         x = augment_batch(x_uint8, generator=self.generator) if self.augment else x_uint8
         x = prepare_images(x, self.channels_last)

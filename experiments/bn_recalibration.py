@@ -16,7 +16,7 @@ batches of 128 (``torch.optim.swa_utils.update_bn``: "precise BatchNorm"), over
 and scores the test split in float32 for each: ACC and ECE (15 bins) with 95% bootstrap CIs, and
 the paired differences against the weights as trained (same test images, resampled jointly).
 
-    python scripts/bn_recalibration.py --run-id <stage-1 run id> --tracking-uri sqlite:///runs/mlflow.db
+    python experiments/bn_recalibration.py --run-id <stage-1 run id> --tracking-uri sqlite:///runs/mlflow.db
 
 The weights and the logged run are not changed.
 """

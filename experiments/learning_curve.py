@@ -6,7 +6,7 @@ shipped (only ``--datalist``, the seed and the run name set). Bags come from the
 runs in the same ``--output-dir``. Prints one JSON line per size and a Markdown table at the end
 (docs/results.md, "CT: the NLST-like study cohort"):
 
-    python scripts/learning_curve.py runs/data/synthetic_study_3500/datalist.json --sizes 125 250 500 \
+    python experiments/learning_curve.py runs/data/synthetic_study_3500/datalist.json --sizes 125 250 500 \
         --output-dir runs --bundle nlst_focal
 
 Bags are shared through ``--output-dir``; pass ``--tracking-uri`` to keep the curve's runs out of a

@@ -28,9 +28,9 @@ per candidate (all candidates; false positives are "not malignant") and per dete
 order) in ``<output-dir>/milcal_datalist.json``, for a run that fits the CPU budget; ``--stage
 bags`` only builds the bags (series checks off: every demo phantom passes them).
 
-    python scripts/mil_calibration.py --subset train=300,val=100,test=200 --epochs 60 --jobs 2 --output-dir runs
-    python scripts/mil_calibration.py ... --lam 0.5 --base-run ID        # another MMCE weight, same base model
-    python scripts/mil_calibration.py ... --base-run ID --mmce-run ID    # evaluate existing runs only
+    python experiments/mil_calibration.py --subset train=300,val=100,test=200 --epochs 60 --jobs 2 --output-dir runs
+    python experiments/mil_calibration.py ... --lam 0.5 --base-run ID        # another MMCE weight, same base model
+    python experiments/mil_calibration.py ... --base-run ID --mmce-run ID    # evaluate existing runs only
 
 ``--shift-datalist B.json`` also scores another site's test split (e.g. site B of
 ``tests/test_hospital_workflow.py``, whose ``annotations.csv`` beside the datalist holds its nodule

@@ -20,7 +20,7 @@ Noise averages out over steps and a bias does not, so it also prints how the bf1
 add up over the K batches, ``|sum e_i| / sqrt(sum |e_i|^2)``: about 1 when they are independent
 (they cancel like noise), up to sqrt(K) when every step makes the same error.
 
-    python scripts/precision_check.py --run-id <stage-1 run id> --tracking-uri sqlite:///runs/mlflow.db
+    python experiments/precision_check.py --run-id <stage-1 run id> --tracking-uri sqlite:///runs/mlflow.db
 
 The check runs on the CPU (bf16 autocast works on CPUs without native bf16 too, only slower). The
 weights and the logged run are not changed.

@@ -3,8 +3,9 @@
 # CE, Focal, CE+Mixup and Focal+Mixup (stage 1, each with its TS run) and LAS on each stage-1 model,
 # the four stage-1 methods side by side on the one GPU (ResNet-32 leaves most of an H200 idle).
 # Each method logs to its own SQLite store (one writer per file: no "database is locked"), then
-# `lungcal report` writes one table per store. Every job resumes from its last complete epoch and a
-# finished configuration is skipped, so a run cut by a time limit is finished by running it again.
+# `lungcal report --sections all` writes one report per store (the study table, accuracy by class, the
+# post-hoc fixes). Every job resumes from its last complete epoch and a finished configuration is
+# skipped, so a run cut by a time limit is finished by running it again.
 # Usage (project root, README install done; ../shared/data/cifar10 beside the project):
 #   bash scripts/gpu_study.sh [OUT_DIR]
 # EPOCHS=2 DEVICE=cpu checks the script itself on a CPU (a 2-epoch schedule; slow, not a result).
@@ -41,10 +42,11 @@ done
 echo "== stage 1 + TS + LAS done in $(( $(date +%s) - t0 )) s (rc $rc)"
 for m in ce focal mixup focal_mixup; do
   echo "== $m"
+  # every section: the study table, accuracy by class (many/medium/few) and the post-hoc fixes side by
+  # side (TS, the ECE-best T, logit adjustment, vector scaling, against LAS)
   lungcal report --experiment cifar10lt --tracking-uri "sqlite:///$OUT/$m.db" --out "$OUT/report_$m" --no-log \
-    > "$OUT/report_$m.log" 2>&1 && grep "^|" "$OUT/report_$m/report.md" | head -4 || tail -3 "$OUT/report_$m.log"
-  # the post-hoc fixes side by side (TS, the ECE-best T, logit adjustment, vector scaling, against LAS)
-  python scripts/lt_posthoc.py --experiment cifar10lt --tracking-uri "sqlite:///$OUT/$m.db" \
-    > "$OUT/posthoc_$m.md" 2> "$OUT/posthoc_$m.log" && grep "^| \(ts\|vector\|run\)" "$OUT/posthoc_$m.md" || tail -3 "$OUT/posthoc_$m.log"
+    --sections all > "$OUT/report_$m.log" 2>&1 \
+    && grep "^| \(stage 1\|CE\|Focal\|ts\|vector\|LAS\)" "$OUT/report_$m/report.md" | grep -v " + " \
+    || tail -3 "$OUT/report_$m.log"
 done
 exit $rc
