@@ -4,7 +4,7 @@ Site A (the reference, "trained elsewhere"): an enriched cohort (prevalence 0.4,
 case-control training set), 2.5 mm isotropic, low noise. Site B (the hospital): a screening
 population (prevalence 0.11, NLST-like; 600 CTs, all for recalibration: 300 val / 300 test),
 anisotropic 1.8 x 1.8 x 3.0 mm voxels, a softer kernel and twice the noise. A stage-1 model is
-trained on A with the real bundle as shipped (``bundles/nlst_ce.json --datalist A``; only the
+trained on A with the real bundle as shipped (``bundles/nlst_focal.json`` + ``nlst_ce.json``, ``--datalist A``; only the
 run length, the bootstrap size and the workers are set), which also fits A's *reference*
 temperature on A's validation split. ``lungcal recalibrate --model <run> --datalist B
 --prevalence 0.11 --unlabelled <B's val CTs without labels>`` then scores B's test split with the
@@ -107,7 +107,8 @@ def test_two_site_recalibration(tmp_path, capsys):
     b = make_cohort(tmp_path / "site_b", formats=("nifti",), progress=False, num_workers=2, **SITE_B)
 
     # train on the reference site with the real stage-1 bundle as shipped (+ its linked TS run)
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/nlst_ce.json",
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file",
+           "['bundles/nlst_focal.json','bundles/nlst_ce.json']",
            "--datalist", str(a), "--epochs", "40", "--output_dir", str(out), "--tracking_uri", uri,
            "--n_bootstrap", "500", "--num_workers", "2", "--run_name", "site-a-ce"]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}

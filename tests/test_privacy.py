@@ -43,7 +43,8 @@ def _identifiers(cohort: Path) -> set[str]:
 
 def test_no_planted_identifier_anywhere(cohort, tmp_path):
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/nlst_ce.json",
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file",
+           "['bundles/nlst_focal.json','bundles/nlst_ce.json']",
            "--datalist", str(cohort), "--output_dir", str(out), "--epochs", "1", "--n_bootstrap", "10",
            "--num_workers", "0", "--batch_size", "4",
            "--spacing", "[5.0, 5.0, 5.0]", "--patch_size", "8",

@@ -78,6 +78,8 @@ class DatasetSpec:
     Attributes:
         name: ``nlst``, ``cifar10`` or ``cifar10lt``; also the MLflow experiment.
         stage1_bundle: file name pattern of the stage-1 bundles, with ``{stage1}``.
+        base_bundle: a complete bundle that the stage-1 files state differences from (``nlst_focal.json``):
+            a stage-1 job runs ``[base, variant]`` (the base alone for its own recipe).
         las_bundle: file name of the LAS bundle.
         las_parent_key: the LAS bundle's override key that takes the stage-1 run id.
         presets: ``{"reduced": overrides, "full": overrides}`` of the stage-1 bundles.
@@ -97,6 +99,7 @@ class DatasetSpec:
     las_presets: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: {"reduced": {}, "full": {}})
     accepts_datalist: bool = False
     cohort_presets: Mapping[str, str] = field(default_factory=dict)
+    base_bundle: str | None = None
 
     @property
     def experiment(self) -> str:
@@ -111,7 +114,7 @@ DATASETS: dict[str, DatasetSpec] = {
         "nlst", "nlst_{stage1}.json", "nlst_las.json", "stage1_run_id",
         presets={"reduced": {"epochs": 6}, "full": {}},
         las_presets={"reduced": {"epochs": 15}, "full": {}}, accepts_datalist=True,
-        cohort_presets={"full": "study"}),
+        cohort_presets={"full": "study"}, base_bundle="nlst_focal.json"),
     "cifar10": DatasetSpec(
         "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "stage1_run_id",
         presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
@@ -132,7 +135,7 @@ class Job:
     dataset: str
     stage1: str
     kind: str  # "stage1" | "las"
-    bundle: Path
+    bundle: tuple[Path, ...]
     overrides: dict[str, object]
     study_key: str
     produces: list[str]
@@ -251,10 +254,12 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
         key = study_key(ds, s1, ov, preset)
         done = set() if force or client is None else {
             _stage2_of(r) for r in _finished_runs(client, spec.experiment, key)}
-        s1_bundle = bdir / spec.stage1_bundle.format(stage1=s1)
-        if not s1_bundle.is_file():
-            raise ConfigError("bundle not found", file=s1_bundle, field="--stage1",
-                              fix=f"check the method name ({', '.join(STAGE1_METHODS)}) or --bundle-dir")
+        s1_file = bdir / spec.stage1_bundle.format(stage1=s1)
+        s1_bundle = tuple(dict.fromkeys([*([bdir / spec.base_bundle] if spec.base_bundle else []), s1_file]))
+        for path in s1_bundle:
+            if not path.is_file():
+                raise ConfigError("bundle not found", file=path, field="--stage1",
+                                  fix=f"check the method name ({', '.join(STAGE1_METHODS)}) or --bundle-dir")
         s1_products = [m for m in ("none", "ts") if m in stage2]
         # LAS needs the stage-1 run, so a LAS-only request still plans stage 1 if absent
         needs_s1 = bool(s1_products) or ("las" in stage2 and "none" not in done)
@@ -271,7 +276,7 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
             for k in ("datalist", "seed"):
                 if k in ov:
                     las_ov[k] = ov[k]
-            jobs.append(Job(ds, s1, "las", las_bundle, las_ov, key, ["las"],
+            jobs.append(Job(ds, s1, "las", (las_bundle,), las_ov, key, ["las"],
                             [] if "las" in done else ["las"], preset, seed, cohort))
     return StudyPlan(jobs, uri, out, project_dir)
 
@@ -285,10 +290,16 @@ def print_plan(plan: StudyPlan, file=None) -> None:
     for j in plan.jobs:
         state = "skip" if j.skip else "run "
         ov = " ".join(f"--{k} {v}" for k, v in j.overrides.items())
-        print(f"  [{state}] {j.label:<28} {j.bundle.name} {ov}".rstrip(), file=file)
+        print(f"  [{state}] {j.label:<28} {'+'.join(b.name for b in j.bundle)} {ov}".rstrip(), file=file)
 
 
-def subprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path,
+def _config_file(bundle: Path | Sequence[Path]) -> str | list[str]:
+    """``--config_file`` of ``python -m monai.bundle run``: one path, or the list MONAI merges in order."""
+    files = [str(bundle)] if isinstance(bundle, (str, Path)) else [str(b) for b in bundle]
+    return files[0] if len(files) == 1 else files
+
+
+def subprocess_runner(bundle: Path | Sequence[Path], overrides: Mapping[str, object], cwd: Path, log: Path,
                       env: Mapping[str, str] | None = None) -> int:
     """Run a bundle as ``python -m monai.bundle run`` in ``cwd``, output to ``log``; the exit code.
 
@@ -299,7 +310,7 @@ def subprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, 
                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
-def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, log: Path,
+def inprocess_runner(bundle: Path | Sequence[Path], overrides: Mapping[str, object], cwd: Path, log: Path,
                      env: Mapping[str, str] | None = None) -> int:
     """Run a bundle with ``monai.bundle.run`` in this process (faster start; no isolation; one job at a time).
 
@@ -311,7 +322,7 @@ def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, l
     try:
         os.chdir(cwd)
         os.environ.update(env or {})
-        monai_bundle_run(config_file=str(bundle), **dict(overrides))
+        monai_bundle_run(config_file=_config_file(bundle), **dict(overrides))
         log.write_text(f"{bundle}: finished\n")
         return 0
     except Exception:  # noqa: BLE001 - a failing job is recorded, the study goes on
@@ -326,9 +337,12 @@ def inprocess_runner(bundle: Path, overrides: Mapping[str, object], cwd: Path, l
                 os.environ[k] = v
 
 
-def bundle_command(bundle: Path, overrides: Mapping[str, object]) -> list[str]:
-    """The ``python -m monai.bundle run`` command line of a bundle with overrides."""
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", str(bundle)]
+def bundle_command(bundle: Path | Sequence[Path], overrides: Mapping[str, object]) -> list[str]:
+    """The ``python -m monai.bundle run`` command line of a bundle (one file, or a base and its variant) with
+    overrides."""
+    files = _config_file(bundle)
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file",
+           files if isinstance(files, str) else str(files)]
     for k, v in overrides.items():
         cmd += [f"--{k}", v if isinstance(v, str) else json.dumps(v)]
     return cmd

@@ -45,7 +45,8 @@ def trained(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)  # % macros resolve from the working directory
     try:
-        run(config_file="bundles/nlst_ce.json", logging_file=False, datalist=str(cohort), output_dir=str(store),
+        run(config_file=["bundles/nlst_focal.json", "bundles/nlst_ce.json"], logging_file=False,
+            datalist=str(cohort), output_dir=str(store),
             epochs=1, n_bootstrap=20, num_workers=0, spacing=[5.0, 5.0, 5.0], patch_size=8, batch_size=4,
             run_name="tiny", qc=TINY_QC)
     finally:

@@ -65,7 +65,8 @@ def model(tiny_cohort, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.chdir(ROOT)  # % macros resolve from the working directory
     try:
-        run(config_file="bundles/nlst_ce.json", logging_file=False, datalist=str(tiny_cohort), output_dir=str(store),
+        run(config_file=["bundles/nlst_focal.json", "bundles/nlst_ce.json"], logging_file=False,
+            datalist=str(tiny_cohort), output_dir=str(store),
             epochs=1, n_bootstrap=20, num_workers=0, spacing=[5.0, 5.0, 5.0], patch_size=8, batch_size=4,
             run_name="tiny-predict", qc={"_target_": "lungcal.ct.qc.QCConfig", **TINY_QC})
     finally:

@@ -1,4 +1,5 @@
-"""Stage-1 checkpoints: network_def is rebuilt by MONAI's parser; old model_config checkpoints still load."""
+"""Stage-1 checkpoints: the network's own description (network_def) is rebuilt by MONAI's parser; old
+model_config checkpoints still load."""
 from __future__ import annotations
 
 import json
@@ -10,11 +11,11 @@ from monai.bundle import ConfigParser
 from lungcal.engine.model.checkpoint import bag_params_of, build_network, load_checkpoint, load_stage1, network_config
 from lungcal.errors import ConfigError
 from lungcal.mil import LogSumExpMIL, build_mil_model
-from lungcal.runtime.bundle_config import resolved_section
+from lungcal.runtime.bundle_config import spec_of
 
 NETWORK_DEF = {"_target_": "lungcal.mil.LogSumExpMIL",
-               "encoder": {"_target_": "monai.networks.nets.resnet10", "spatial_dims": 3, "n_input_channels": 1,
-                           "num_classes": "@embed_dim"},
+               "encoder": {"_target_": "lungcal.runtime.bundle_config.build", "target": "monai.networks.nets.resnet10",
+                           "spatial_dims": 3, "n_input_channels": 1, "num_classes": "@embed_dim"},
                "embed_dim": "@embed_dim", "attn_dim": 8, "tta_flips": True}
 
 
@@ -23,11 +24,13 @@ def _inputs():
     return torch.rand(2, 3, 1, 8, 8, 8), torch.tensor([[True, True, False], [True, False, False]])
 
 
-def test_resolved_network_def_rebuilds_the_same_network_without_the_bundle(tmp_path):
+def test_the_network_describes_itself_and_its_spec_rebuilds_it_without_the_bundle(tmp_path):
     parser = ConfigParser({"embed_dim": 12, "network_def": NETWORK_DEF})
-    spec = resolved_section("network_def", parser)
-    assert spec["embed_dim"] == 12 and spec["encoder"]["num_classes"] == 12
     net = parser.get_parsed_content("network_def").eval()
+    spec = spec_of(net)  # what the bundle built it with, references resolved: a foreign encoder through build
+    assert spec["_target_"] == "lungcal.mil.models.LogSumExpMIL" and spec["embed_dim"] == 12
+    assert spec["encoder"]["target"] == "monai.networks.nets.resnet10" and spec["encoder"]["num_classes"] == 12
+    assert json.loads(json.dumps(spec)) == spec
     path = tmp_path / "best.pt"
     torch.save({"state_dict": net.state_dict(), "network_def": spec, "bag_params": json.dumps({"k": 3})}, path)
     ck = load_checkpoint(path)

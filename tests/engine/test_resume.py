@@ -1,6 +1,6 @@
 """Crash-safe CT runs (issue 15): resume after SIGKILL, same seed -> same bits, output faults, fine-tuning.
 
-Every run is the real bundle (``bundles/nlst_focal_mixup.json``: dropout, augmentation and mixup, so
+Every run is the real bundle (``nlst_focal.json`` + ``nlst_focal_mixup.json``: dropout, augmentation and mixup, so
 every random generator matters) on a 15-CT synthetic cohort at 5 mm, 4 epochs, through
 ``python -m monai.bundle run`` in a subprocess (the one that is killed, and its references, run
 under the same thread settings).
@@ -39,7 +39,7 @@ from lungcal.runtime.resume import (
 from lungcal.tracking import TAG_INIT_RUN, TAG_RESUMED_FROM, TAG_STAGE2, default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLE = "bundles/nlst_focal_mixup.json"
+BUNDLE = ["bundles/nlst_focal.json", "bundles/nlst_focal_mixup.json"]
 EPOCHS = 4
 #: the tiny phantoms are 5 mm CTs: the series checks' slice limits are relaxed for them
 TINY_QC = {"_target_": "lungcal.ct.qc.QCConfig", "max_slice_thickness_mm": 6.0, "warn_slice_thickness_mm": 6.0,
@@ -64,7 +64,7 @@ def overrides(cohort: Path, store: Path, **kw) -> dict:
 
 
 def command(over: dict) -> list[str]:
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", BUNDLE]
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", str(BUNDLE)]
     for k, v in over.items():
         cmd += [f"--{k}", json.dumps(v) if not isinstance(v, str) else v]
     return cmd

@@ -1,5 +1,6 @@
-"""The stage-1 post-hoc step: one linked run per calibrator, the clinical measures in its test report,
-the source prevalence for later prior adjustment, the stored JSON calibrator, the no-signal tag.
+"""The post-hoc step of the shared skeleton (:func:`lungcal.workflow.post_hoc_runs`): one linked run per
+calibrator, the clinical measures in its test report, the source prevalence for later prior adjustment,
+the stored JSON calibrator, the no-signal tag, the paired difference to stage 1.
 
 Oracles: the calibrators fitted directly on the validation logits, scikit-learn's unpenalised
 logistic regression for the calibration slope / intercept, the label means for the prevalences.
@@ -12,11 +13,12 @@ import torch
 from mlflow.tracking import MlflowClient
 from sklearn.linear_model import LogisticRegression
 
+from lungcal.calibration.metrics import paired_bootstrap_diff
 from lungcal.calibration.scaling import PlattScaler, TemperatureScaler, probabilities
 from lungcal.engine.evaluate.calibrators import load_calibrator, reference_calibrator
 from lungcal.engine.evaluate.reports import evaluate_probs
-from lungcal.engine.train.posthoc import run_post_hoc
 from lungcal.tracking import TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, linked_calibrator
+from lungcal.workflow import Evaluation, SplitScores, Store, post_hoc_runs
 
 
 def _logits(n, seed, scale=3.0, prevalence=0.3):
@@ -26,18 +28,42 @@ def _logits(n, seed, scale=3.0, prevalence=0.3):
     return torch.tensor(np.stack([np.zeros(n), scale * margin], 1), dtype=torch.float32), torch.tensor(y)
 
 
+class _Host:
+    """The smallest owner of post-hoc runs: what :func:`post_hoc_runs` asks of a stage-1 run."""
+
+    experiment, run_name, method = "nlst", "s1", "ce"
+
+    def __init__(self, tmp_path, names):
+        self.store = Store(output_dir=tmp_path, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        self.evaluation = Evaluation(n_bins=10, n_bootstrap=100, seed=0, post_hoc=names)
+        self.logged = []
+
+    def tags(self, stage2):
+        return {"lungcal.stage1": "ce", "lungcal.stage2": stage2, "lungcal.site": "site-a"}
+
+    def params(self):
+        return {"method": "ce"}
+
+    def log_post_hoc(self, tracker, name, calibrator, probs, report, scores, *, reference, threshold):
+        tracker.log_report("test", report)
+        self.logged.append((name, reference, threshold))
+
+
 def _post_hoc(tmp_path, names, val, test, train_labels=None):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with RunTracker("nlst", "s1", tracking_uri=uri, tags={"lungcal.stage1": "ce", "lungcal.stage2": "none"}) as tr:
+    host = _Host(tmp_path, names)
+    with RunTracker("nlst", "s1", tracking_uri=host.store.uri,
+                    tags={"lungcal.stage1": "ce", "lungcal.stage2": "none"}) as tr:
         stage1 = tr.run_id
     zt, yt = test
-    split = {"labels": yt, "subjects": [f"p{i}" for i in range(len(yt))], "candidates": None}
-    res = run_post_hoc(names, stage1_run_id=stage1, run_name="s1",
-                       tags=lambda n: {"lungcal.stage1": "ce", "lungcal.stage2": n, "lungcal.site": "site-a"},
-                       params={"method": "ce"}, val_logits=val[0], val_labels=val[1], test_logits=zt, test=split,
-                       test_attention=torch.full((len(yt), 4), 0.25), n_bins=10, n_bootstrap=100, seed=0,
-                       tracking_uri=uri, workdir=tmp_path / "eval", title="ce", train_labels=train_labels)
-    return uri, stage1, res
+    p_stage1 = probabilities(zt)
+    scores = SplitScores(val[0], val[1].numpy(), zt, yt.numpy(), p_stage1, evaluate_probs(p_stage1, yt),
+                         extra={} if train_labels is None else {"train_labels": train_labels})
+    res = post_hoc_runs(host, stage1, scores)
+    assert [n for n, *_ in host.logged] == list(names) and sum(ref for _, ref, _ in host.logged) == 1
+    for r in res:  # the paired difference to stage 1, on the same test cases
+        want = paired_bootstrap_diff("ece", r["probs"], p_stage1, yt.numpy(), n_bootstrap=100, seed=0, n_bins=10)
+        assert r["ece_diff"]["diff"] == pytest.approx(want["diff"]) and r["ece_diff"]["ci_low"] == want["ci_low"]
+    return host.store.uri, stage1, res
 
 
 def _logit(p):
