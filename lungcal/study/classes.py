@@ -29,6 +29,10 @@ def _span(classes: Sequence[int]) -> str:
     return f"{min(classes)}-{max(classes)}" if len(classes) > 1 else str(classes[0])
 
 
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def _pct(v: float, digits: int = 2) -> str:
     return "" if np.isnan(v) else f"{100 * v:.{digits}f}"
 
@@ -59,17 +63,16 @@ def class_lines(client, configs: Sequence[Config], split: str = "test", n_bootst
             if grp:
                 g = group_accuracy(pred, labels, grp, n_bootstrap=n_bootstrap)
                 cells = [f"{_pct(g[k]['acc'])} [{_pct(g[k]['ci_low'])}, {_pct(g[k]['ci_high'])}]" for k in grp]
-            rows.append(f"| {cfg.label} | {len(labels)} | {_pct(float((pred == labels).mean()))} | "
-                        + "".join(c + " | " for c in cells))
-            per_class.append(f"| {cfg.label} | " + " | ".join(_pct(a, 1) for a in acc) + " |")
+            rows.append(_row([cfg.label, str(len(labels)), _pct(float((pred == labels).mean())), *cells]))
+            per_class.append(_row([cfg.label, *(_pct(a, 1) for a in acc)]))
         lines += [f"### {dataset}", ""]
         if rows:
-            lines += ["| configuration | n | ACC | " + "".join(f"{k} ({_span(v)}) | " for k, v in grp.items()),
+            lines += [_row(["configuration", "n", "ACC", *(f"{k} ({_span(v)})" for k, v in grp.items())]),
                       "|---|---|---|" + "---|" * len(grp), *rows, ""]
             if grp:
                 lines += ["Groups: " + "; ".join(f"{k} = classes {_span(v)}" for k, v in grp.items())
                           + " (MiSLAS's many / medium / few).", ""]
-            lines += ["| configuration | " + " | ".join(str(c) for c in range(width)) + " |",
+            lines += [_row(["configuration", *map(str, range(width))]),
                       "|---|" + "---|" * width, *per_class, ""]
         if skipped:
             lines += [f"No multi-class predictions/{split}.npz (left out): " + ", ".join(skipped) + ".", ""]
