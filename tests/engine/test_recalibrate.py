@@ -261,15 +261,15 @@ def test_an_old_reference_ts_run_is_scored_by_its_temperature(site, capsys):
 def test_recalibrate_from_checkpoint_without_logging(site):
     res = recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], n_bootstrap=0, log=False,
                       output_dir=site["tmp"] / "out", method="platt")
-    assert res["run_id"] is None and res["parent_run"] is None and res["stage1"] == "focal"
-    assert res["after"]["ece"] < res["before"]["ece"] and res["n_val"] == 10 and res["n_test"] == 10
-    assert res["chosen"] == "platt" and "local platt" in format_summary(res) and res["reference"] is None
+    assert res.run_id is None and res.parent_run is None and res.stage1 == "focal"
+    assert res.after["ece"] < res.before["ece"] and res.n_val == 10 and res.n_test == 10
+    assert res.chosen == "platt" and "local platt" in format_summary(res) and res.reference is None
     with pytest.raises(ConfigError, match="--source-prevalence"):  # a checkpoint does not know its prevalence
         recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], log=False,
                     output_dir=site["tmp"] / "out", prevalence=0.1)
     res = recalibrate(str(site["checkpoint"]), site["datalist"], tracking_uri=site["uri"], log=False, n_bootstrap=0,
                       output_dir=site["tmp"] / "out", prevalence=0.1, source_prevalence=0.3)
-    assert res["priors"]["source_prior"] == 0.3 and "prior" in res["rows"]
+    assert res.priors["source_prior"] == 0.3 and "prior" in res.rows
 
 
 def test_few_events_warns_and_a_no_signal_fit_is_flagged_and_tagged(site, capsys):
@@ -356,14 +356,14 @@ def test_ct_failing_a_series_check_is_left_out_and_counted(site, monkeypatch, ca
     monkeypatch.setattr(recalibrate_module, "screen", _qc_failing({"s001", "s004"}))  # two val CTs
     res = recalibrate(site["parent"], site["datalist"], method="ts", tracking_uri=site["uri"],
                       output_dir=site["tmp"] / "out", n_bootstrap=50, log=False)
-    assert res["qc_skipped"] == {"val": 2, "test": 0} and res["n_val"] == 8 and res["n_test"] == 10
+    assert res.qc_skipped == {"val": 2, "test": 0} and res.n_val == 8 and res.n_test == 10
     text = capsys.readouterr().out + format_summary(res)
     assert "series checks: 2 of 10 CT(s) skipped" in text and "slice_thickness" in text
     assert "series checks left out 2 val CT(s)" in text
     # without the checks every CT is scored
     res = recalibrate(site["parent"], site["datalist"], method="ts", tracking_uri=site["uri"],
                       output_dir=site["tmp"] / "out", n_bootstrap=50, log=False, qc=None)
-    assert res["n_val"] == 10 and res["qc_skipped"] == {"val": 0, "test": 0}
+    assert res.n_val == 10 and res.qc_skipped == {"val": 0, "test": 0}
 
 
 def test_a_split_left_with_one_class_after_the_checks_is_refused_before_any_run(site, monkeypatch, capsys):

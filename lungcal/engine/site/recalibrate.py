@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ from lungcal.tracking import (
     linked_calibrator_run,
 )
 
-__all__ = ["METHODS", "AUTO_CANDIDATES", "recalibrate", "format_summary", "check_prevalence", "check_method"]
+__all__ = ["METHODS", "AUTO_CANDIDATES", "Recalibration", "recalibrate", "format_summary", "check_prevalence",
+           "check_method"]
 
 #: ``--method`` choices: a registry calibrator, ``auto`` (selection) or ``prior`` (store the prior adjustment)
 METHODS = ("auto", *CALIBRATORS, PRIOR)
@@ -169,11 +171,47 @@ def _fit_local(method: str, val: Mapping[str, Any], seed: int) -> tuple[str, dic
     return method, {method: make_calibrator(method).fit(z, y)}, None
 
 
+@dataclass
+class Recalibration:
+    """What :func:`recalibrate` measured and stored at a site.
+
+    ``rows`` holds one test report per row (``uncalibrated``, ``reference_<name>``, each local calibrator,
+    ``prior``, ``em``): :func:`~lungcal.calibration.metrics.calibration_report` plus ``ece_pvalue``.
+    ``before``, ``reference`` and ``after`` are the rows of the uncalibrated network, the model as shipped
+    and the chosen calibrator. ``warnings`` maps a row to why its fit is "no signal".
+    """
+
+    rows: dict[str, dict[str, Any]]
+    chosen: str
+    chosen_row: str
+    calibrator: Any
+    method: str
+    warnings: dict[str, list[str]]
+    few_events: bool
+    n_events: int
+    cv_nll: dict[str, float] | None
+    priors: dict[str, Any]
+    shipped: str
+    before: dict[str, Any]
+    reference: dict[str, Any] | None
+    after: dict[str, Any]
+    temperature: float | None
+    reference_temperature: float | None
+    parent_run: str | None
+    stage1: str
+    site: str
+    n_val: int
+    n_test: int
+    tracking_uri: str
+    qc_skipped: dict[str, int]
+    run_id: str | None = None
+
+
 def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", prevalence: float | str | None = None,
                 unlabelled: str | Path | None = None, source_prevalence: float | str | None = None,
                 site: str | None = None, experiment: str = CT_EXPERIMENT, n_bins: int = 10, n_bootstrap: int = 1000,
                 seed: int = 0, tracking_uri: str | None = None, output_dir: str | Path | None = None,
-                num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True) -> dict[str, Any]:
+                num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True) -> Recalibration:
     """Fit recalibrators on a site's validation split and evaluate each on its test split.
 
     Args:
@@ -193,10 +231,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         log: record an MLflow run.
 
     Returns:
-        ``{"rows": {row: report}, "chosen", "chosen_row", "calibrator", "warnings", "few_events",
-        "cv_nll", "priors", "before", "reference", "after", "temperature", "reference_temperature",
-        "run_id", "parent_run", "site", "n_val", "n_test", "qc_skipped"}``; each report comes from
-        ``calibration_report`` plus ``ece_pvalue``.
+        a :class:`Recalibration` (``run_id`` set when ``log``).
     """
     # every check before any work, and before the run is opened
     method = check_method(method)
@@ -274,59 +309,59 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     ref_temp = float(ref_cal.temperature) if getattr(ref_cal, "name", "") == "ts" else None
     parent = stage1.run_id
     stage1_name = stage1.stage1_name(TAG_STAGE1)
-    result = {"rows": rows, "chosen": chosen_cal.name, "chosen_row": chosen_row, "calibrator": chosen_cal,
-              "method": method, "warnings": flags, "few_events": n_events < FEW_EVENTS, "n_events": n_events,
-              "cv_nll": cv_nll, "priors": priors, "shipped": shipped_key, "before": rows["uncalibrated"],
-              "reference": rows.get(shipped_key) if shipped_key != "uncalibrated" else None,
-              "after": rows[chosen_row], "temperature": temp, "reference_temperature": ref_temp, "run_id": None,
-              "parent_run": parent, "stage1": stage1_name, "site": site, "n_val": len(val_rows),
-              "n_test": len(test_rows), "tracking_uri": uri,
-              "qc_skipped": {k: len(v) for k, v in skipped.items()}}
+    result = Recalibration(
+        rows=rows, chosen=chosen_cal.name, chosen_row=chosen_row, calibrator=chosen_cal, method=method,
+        warnings=flags, few_events=n_events < FEW_EVENTS, n_events=n_events, cv_nll=cv_nll, priors=priors,
+        shipped=shipped_key, before=rows["uncalibrated"],
+        reference=rows.get(shipped_key) if shipped_key != "uncalibrated" else None, after=rows[chosen_row],
+        temperature=temp, reference_temperature=ref_temp, parent_run=parent, stage1=stage1_name, site=site,
+        n_val=len(val_rows), n_test=len(test_rows), tracking_uri=uri,
+        qc_skipped={k: len(v) for k, v in skipped.items()})
     if not log:
         return result
     _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap)
     return result
 
 
-def _log_run(res: dict[str, Any], probs: Mapping[str, np.ndarray], test, val, datalist: Path, bag_params,
+def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, datalist: Path, bag_params,
              experiment: str, out_dir: Path, n_bins: int, n_bootstrap: int) -> None:
-    chosen, site, stage1_name, parent = res["chosen_row"], res["site"], res["stage1"], res["parent_run"]
-    cal = res["calibrator"]
+    chosen, site, stage1_name, parent = res.chosen_row, res.site, res.stage1, res.parent_run
+    cal = res.calibrator
     source = manifest_source(datalist)
     tags = {TAG_DATASET: source, TAG_STAGE1: stage1_name, TAG_STAGE2: cal.name, TAG_CALIBRATOR: cal.name,
             TAG_SITE: site, TAG_RECALIBRATION: "local"}
-    flags = res["warnings"].get(chosen, [])
+    flags = res.warnings.get(chosen, [])
     if flags:
         tags[TAG_FIT_WARNING] = "; ".join(flags)
     name = f"{stage1_name}+{cal.name}@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with RunTracker(experiment, name, tracking_uri=res["tracking_uri"], tags=tags, parent_run_id=parent) as tr:
-        params = {"stage2": cal.name, "method": res["method"], "chosen": chosen, "fit_split": "val",
+    with RunTracker(experiment, name, tracking_uri=res.tracking_uri, tags=tags, parent_run_id=parent) as tr:
+        params = {"stage2": cal.name, "method": res.method, "chosen": chosen, "fit_split": "val",
                   "model": parent or "checkpoint", "site": site,
                   "datalist": {"source": source, "sha256": file_digest(datalist)},
-                  "n_val": res["n_val"], "n_test": res["n_test"], "qc_skipped": res["qc_skipped"],
+                  "n_val": res.n_val, "n_test": res.n_test, "qc_skipped": res.qc_skipped,
                   "n_bins": n_bins, "n_bootstrap": n_bootstrap,
                   "bag_params": bag_params, "retrained": False, "rows": list(probs)}
-        if res["priors"].get("source"):
-            params["source_prior_from"] = res["priors"]["source"]
+        if res.priors.get("source"):
+            params["source_prior_from"] = res.priors["source"]
         tr.log_params(params)
-        tr.log_dict({**params, "cv_nll": res["cv_nll"], "warnings": res["warnings"]}, "config/resolved.json")
-        metrics = {k: v for k, v in res["priors"].items() if isinstance(v, (int, float))}
-        metrics["val/n_events"] = res["n_events"]
+        tr.log_dict({**params, "cv_nll": res.cv_nll, "warnings": res.warnings}, "config/resolved.json")
+        metrics = {k: v for k, v in res.priors.items() if isinstance(v, (int, float))}
+        metrics["val/n_events"] = res.n_events
         metrics[REFERRAL_METRIC] = referral_threshold(calibrated_probs(cal, val["logits"]))  # inference's rule
-        if res["temperature"] is not None:
-            metrics["temperature"] = res["temperature"]
-        if res["reference_temperature"] is not None:
-            metrics["reference_temperature"] = res["reference_temperature"]
-        for n, v in (res["cv_nll"] or {}).items():
+        if res.temperature is not None:
+            metrics["temperature"] = res.temperature
+        if res.reference_temperature is not None:
+            metrics["reference_temperature"] = res.reference_temperature
+        for n, v in (res.cv_nll or {}).items():
             metrics[f"val/cv_nll_{n}"] = v
         tr.log_metrics(metrics)
         work = out_dir / "recalibration" / tr.run_id
         for key, p in probs.items():
             split = "test" if key == chosen else f"test_{key}"
             full = key in (chosen, "uncalibrated")
-            log_split(tr, split, p, test["labels"], res["rows"][key], n_bins=n_bins,
+            log_split(tr, split, p, test["labels"], res.rows[key], n_bins=n_bins,
                       subjects=test["subjects"] if full else None, attention=test["attention"] if full else None,
                       workdir=work, title=f"{stage1_name}+{key} @ {site}")
         state = atomic_write_text(work / f"{cal.name}.json", cal.to_json())
         tr.log_artifact(state, "calibrator")
-        res["run_id"] = tr.run_id
+        res.run_id = tr.run_id

@@ -1,10 +1,12 @@
 """The table ``lungcal recalibrate`` prints: one row per candidate, clinical calibration measures with CIs."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lungcal.workflow import with_ci
+
+if TYPE_CHECKING:  # recalibrate imports this module to print its result
+    from lungcal.engine.site.recalibrate import Recalibration
 
 __all__ = ["ROW_LABELS", "format_summary"]
 
@@ -22,20 +24,20 @@ def _label(key: str) -> str:
     return f"local {key}"
 
 
-def format_summary(res: Mapping[str, Any]) -> str:
+def format_summary(res: Recalibration) -> str:
     """Every row's test ECE, calibration slope / intercept, O/E, AUC and ACC with 95% CIs, its ECE
     consistency p-value, the chosen calibrator (``*``), and the warnings."""
-    lines = [f"== lungcal recalibrate: site {res['site']} (val n={res['n_val']}, test n={res['n_test']}) =="]
-    skipped = {k: v for k, v in (res.get("qc_skipped") or {}).items() if v}
+    lines = [f"== lungcal recalibrate: site {res.site} (val n={res.n_val}, test n={res.n_test}) =="]
+    skipped = {k: v for k, v in (res.qc_skipped or {}).items() if v}
     if skipped:
         lines.append("  series checks left out " + ", ".join(f"{v} {k}" for k, v in skipped.items())
                      + " CT(s) that inference would refuse (reasons above; `lungcal qc` shows each)")
-    if res.get("reference_temperature") is not None:
-        lines.append(f"  reference T   {res['reference_temperature']:.3f} "
+    if res.reference_temperature is not None:
+        lines.append(f"  reference T   {res.reference_temperature:.3f} "
                      "(fitted by the stage-1 run on its own val split)")
-    if res.get("temperature") is not None:
-        lines.append(f"  temperature   {res['temperature']:.3f} (fitted on the site's val split; no retraining)")
-    pri = res.get("priors") or {}
+    if res.temperature is not None:
+        lines.append(f"  temperature   {res.temperature:.3f} (fitted on the site's val split; no retraining)")
+    pri = res.priors or {}
     if "source_prior" in pri:
         lines.append(f"  prevalence    shipped model calibrated to {pri['source_prior']:.3f} ({pri['source']})"
                      + (f"; site {pri['site_prior']:.3f} (given)" if "site_prior" in pri else "")
@@ -43,24 +45,24 @@ def format_summary(res: Mapping[str, Any]) -> str:
                         else ""))
     head = f"  {'':<22}" + "".join(f"{name:<25}" for _, name in _COLS) + "p(calibrated)"
     lines.append(head)
-    chosen = res["chosen_row"]
-    for key, rep in res["rows"].items():
+    chosen = res.chosen_row
+    for key, rep in res.rows.items():
         mark = "*" if key == chosen else " "
         cells = "".join(f"{with_ci(rep, k):<24} " for k, _ in _COLS)
         lines.append(f"{mark} {_label(key):<22}{cells}{rep.get('ece_pvalue', float('nan')):.3f}")
-    lines.append(f"  * chosen ({res['method']}): stored on the run as calibrator/{res['chosen']}.json; "
-                 f"`inference.json --site {res['site']}` applies it")
-    if res.get("cv_nll"):
-        lines.append("  cross-validated NLL on val: " + ", ".join(f"{k} {v:.4f}" for k, v in res["cv_nll"].items()))
+    lines.append(f"  * chosen ({res.method}): stored on the run as calibrator/{res.chosen}.json; "
+                 f"`inference.json --site {res.site}` applies it")
+    if res.cv_nll:
+        lines.append("  cross-validated NLL on val: " + ", ".join(f"{k} {v:.4f}" for k, v in res.cv_nll.items()))
     lines.append("  slope 1, intercept 0 and O/E 1 = calibrated; p(calibrated): consistency-resampling p-value of "
                  "the ECE (small = miscalibrated on this site)")
-    for name, flags in (res.get("warnings") or {}).items():
+    for name, flags in (res.warnings or {}).items():
         note = " -> the chosen calibrator is NO SIGNAL, not a result" if name == chosen else ""
         lines.append(f"  WARNING {name}: {'; '.join(flags)}{note}")
-    if res.get("few_events"):
-        lines.append(f"  WARNING only {res['n_events']} CTs of the rarer class in the val split (< 100): "
+    if res.few_events:
+        lines.append(f"  WARNING only {res.n_events} CTs of the rarer class in the val split (< 100): "
                      "the fits are noisy and the CIs are wide")
-    if res.get("run_id"):
-        lines.append(f"  MLflow run    {res['run_id']} (parent {res.get('parent_run') or 'checkpoint'})")
-        lines.append(f"  open with     mlflow ui --backend-store-uri {res['tracking_uri']}")
+    if res.run_id:
+        lines.append(f"  MLflow run    {res.run_id} (parent {res.parent_run or 'checkpoint'})")
+        lines.append(f"  open with     mlflow ui --backend-store-uri {res.tracking_uri}")
     return "\n".join(lines)
