@@ -56,7 +56,7 @@ from lungcal.study.differences import collect_claims, render_claims
 from lungcal.study.posthoc import posthoc_lines
 from lungcal.study.sections import DEFAULT_SECTIONS, SECTIONS, Config
 from lungcal.tracking.liveness import reap_orphaned_runs
-from lungcal.tracking.names import TAG_DATASET, TAG_REPORT, TAG_STAGE1, TAG_STAGE2
+from lungcal.tracking.names import TAG_DATASET, TAG_REPORT, TAG_STAGE1, TAG_STAGE2, plot_artifact
 from lungcal.tracking.tracker import check_tracking_uri, default_tracking_uri
 
 __all__ = [
@@ -159,7 +159,8 @@ def load_published(path: str | Path | None = None) -> dict[str, dict[tuple[str, 
             the ``published_results.csv`` shipped in this package.
 
     Returns:
-        ``{dataset: {(stage1, stage2, metric): value}}``.
+        ``{dataset: {(stage1, stage2, metric): value}}``. Dataset ``nlst`` holds numbers published on
+        real NLST CTs; a table of our synthetic cohort shows them as such (:data:`PUBLISHED_REFERENCE`).
     """
     if path is None:
         text = resources.files("lungcal.study").joinpath("published_results.csv").read_text()
@@ -458,34 +459,19 @@ def write_csv(tables: list[StudyTable], path: str | Path) -> Path:
     return path
 
 
-def _list_files(client, run_id: str, path: str | None = None, depth: int = 3) -> list[str]:
-    out = []
-    for info in client.list_artifacts(run_id, path):
-        if info.is_dir:
-            if depth > 0:
-                out += _list_files(client, run_id, info.path, depth - 1)
-        else:
-            out.append(info.path)
-    return out
-
-
-def _artifact_png(client, run_id: str, split: str, needle: str) -> bytes | None:
-    """The PNG bytes of a run's ``*.png`` artifact whose path mentions ``needle`` (one that also names
-    ``split`` is preferred), or ``None`` if the run has none or its store cannot be read."""
+def _artifact_png(client, run_id: str, split: str, kind: str) -> bytes | None:
+    """The PNG bytes of a run's plot :func:`~lungcal.tracking.names.plot_artifact` ``(split, kind)``, or ``None`` if
+    the run has none or its store cannot be read."""
     try:
-        files = [p for p in _list_files(client, run_id) if p.lower().endswith(".png") and needle in p.lower()]
-    except Exception:  # artifact store unreachable: the table is still useful
+        with tempfile.TemporaryDirectory() as tmp:
+            return Path(client.download_artifacts(run_id, plot_artifact(split, kind), tmp)).read_bytes()
+    except Exception:  # noqa: BLE001 - no such plot, or the artifact store is unreachable: the table is still useful
         return None
-    if not files:
-        return None
-    files.sort(key=lambda p: (split not in p.lower(), len(p)))
-    with tempfile.TemporaryDirectory() as tmp:
-        return Path(client.download_artifacts(run_id, files[0], tmp)).read_bytes()
 
 
 def reliability_png(client, run_id: str, split: str = "test") -> bytes | None:
     """The PNG bytes of a run's reliability diagram, or ``None``."""
-    return _artifact_png(client, run_id, split, "reliab")
+    return _artifact_png(client, run_id, split, "reliability")
 
 
 def risk_coverage_png(client, run_id: str, split: str = "test") -> bytes | None:
