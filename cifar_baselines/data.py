@@ -60,7 +60,7 @@ OFFICIAL_MD5 = {
 }
 #: the names of the copies a run can have trained on (the ``data_copy`` param of every CIFAR run)
 COPY_OFFICIAL = "official archive (md5 verified)"
-COPY_JPEG = "JPEG re-encoded copy (../shared: quality 75, 4:2:0, about 30 dB PSNR)"
+COPY_JPEG = "JPEG re-encoded copy of the shared data folder (quality 75, 4:2:0, about 30 dB PSNR)"
 COPY_UNVERIFIED = "unverified copy (not the official archive's files)"
 #: written into a folder converted from the shared JPEG copy, so later runs can name it
 _JPEG_MARKER = "SOURCE_JPEG_COPY"

@@ -6,8 +6,12 @@ import torch
 
 from cifar_baselines import data
 from cifar_baselines.data import (
+    COPY_JPEG,
+    COPY_OFFICIAL,
+    COPY_UNVERIFIED,
     balanced_indices,
     cifar10_lt_counts,
+    data_copy,
     find_batches_dir,
     load_cifar10,
     load_splits,
@@ -15,6 +19,7 @@ from cifar_baselines.data import (
     make_splits,
 )
 from lungcal.errors import ConfigError, DataError
+from lungcal.tracking.tracker import privacy_filter
 
 
 def test_lt_counts_match_ldam_mislas():
@@ -103,3 +108,16 @@ def test_load_splits_defaults_checks_and_device(fake_cifar, tmp_path, monkeypatc
     with pytest.raises(DataError) as e:  # data_dir None: <output_dir>/data/cifar10, empty here
         load_splits("cifar10", output_dir=tmp_path)
     assert str(tmp_path / "data" / "cifar10") in str(e.value)
+
+
+def test_the_copy_names_survive_the_privacy_filter_and_the_jpeg_copy_is_recognised(fake_cifar, tmp_path):
+    """A run's data_copy param is logged as written (a name with a path in it would be hashed away)."""
+    names = {"a": COPY_OFFICIAL, "b": COPY_JPEG, "c": COPY_UNVERIFIED}
+    assert privacy_filter(names) == names
+    assert data_copy(fake_cifar) == COPY_UNVERIFIED
+    folder = next(p for p in (fake_cifar / "cifar-10-batches-py", fake_cifar) if (p / "test_batch").is_file())
+    (folder / "SOURCE_JPEG_COPY").write_text("converted by make_batches.py\n")
+    try:
+        assert data_copy(fake_cifar) == COPY_JPEG
+    finally:
+        (folder / "SOURCE_JPEG_COPY").unlink()

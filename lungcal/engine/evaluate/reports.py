@@ -17,6 +17,7 @@ from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
 from lungcal.calibration.scaling import probabilities
 from lungcal.calibration.selective import predictive_entropy, selective_report
 from lungcal.paths import atomic_write
+from lungcal.tracking.names import plot_artifact, predictions_artifact
 
 __all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
 
@@ -95,11 +96,12 @@ def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, 
     if p_arr.ndim == 1 or p_arr.shape[1] == 2:
         tracker.log_report(split, selective_report(p_arr, np.asarray(labels), coverage=0.9))
         tracker.log_figure(risk_coverage_plot(p_arr, np.asarray(labels), title=f"{title} {split}".strip()),
-                           f"plots/{split}_risk_coverage.png")
+                           plot_artifact(split, "risk_coverage"))
     fig = reliability_diagram(np.asarray(probs), np.asarray(labels), n_bins=n_bins,
                               title=f"{title} {split}".strip())
-    tracker.log_figure(fig, f"plots/{split}_reliability.png")
+    tracker.log_figure(fig, plot_artifact(split, "reliability"))
     if subjects is not None:
-        p = write_predictions(Path(workdir) / f"{split}_predictions.csv", subjects, labels, probs, attention,
+        name = predictions_artifact(split, "csv")
+        p = write_predictions(Path(workdir) / Path(name).name, subjects, labels, probs, attention,
                               candidates, entropy=entropy, mi=mi)
-        tracker.log_artifact(p, "predictions")
+        tracker.log_artifact(p, str(Path(name).parent))
