@@ -8,7 +8,7 @@ Programming errors (wrong types passed by our own code) stay ordinary ``TypeErro
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any
 
 __all__ = ["LungcalError", "DataError", "ConfigError", "CacheError", "TrackingError"]
@@ -29,7 +29,7 @@ class LungcalError(Exception):
         self,
         message: str,
         *,
-        file: str | Path | None = None,
+        file: str | os.PathLike | None = None,
         field: str | None = None,
         row: int | None = None,
         fix: str | None = None,

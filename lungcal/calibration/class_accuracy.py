@@ -79,9 +79,9 @@ def group_accuracy(pred, labels, groups: Mapping[str, Sequence[int]], n_bootstra
     point = _per_class(hit, labels, np.arange(n)[None], n_classes)[0]
     rng = np.random.default_rng(seed)
     chunk = max(1, _CHUNK_CELLS // max(n, 1))
-    reps = [_per_class(hit, labels, rng.integers(0, n, (min(chunk, n_bootstrap - done), n)), n_classes)
-            for done in range(0, int(n_bootstrap), chunk)]
-    reps = np.concatenate(reps) if reps else np.empty((0, n_classes))
+    parts = [_per_class(hit, labels, rng.integers(0, n, (min(chunk, n_bootstrap - done), n)), n_classes)
+             for done in range(0, int(n_bootstrap), chunk)]
+    reps = np.concatenate(parts) if parts else np.empty((0, n_classes))
     out = {}
     for name, classes in groups.items():
         cls = [int(c) for c in classes]

@@ -26,6 +26,7 @@ on every rank. Each case must sit in exactly one shard (MONAI's ``DistributedSam
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import ignite.distributed as idist
 import torch
@@ -64,6 +65,11 @@ def calibration_output_transform(output) -> tuple[torch.Tensor, torch.Tensor]:
     raise TypeError(f"cannot read (y_pred, y) from engine output of type {type(output).__name__}")
 
 
+def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    # ignite types all_gather's result as a union of everything it accepts; a tensor in gives a tensor out
+    return cast(torch.Tensor, idist.all_gather(tensor))
+
+
 def gather_shards(tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dim 0 in rank order; shards may differ in length.
 
@@ -72,10 +78,10 @@ def gather_shards(tensor: torch.Tensor) -> torch.Tensor:
     """
     if idist.get_world_size() < 2:
         return tensor
-    sizes = [int(n) for n in idist.all_gather(torch.tensor([tensor.shape[0]], device=tensor.device)).tolist()]
+    sizes = [int(n) for n in _all_gather(torch.tensor([tensor.shape[0]], device=tensor.device)).tolist()]
     longest = max(sizes)
     pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
-    every = idist.all_gather(torch.cat([tensor, pad]))
+    every = _all_gather(torch.cat([tensor, pad]))
     return torch.cat([every[i * longest:i * longest + n] for i, n in enumerate(sizes)])
 
 

@@ -83,6 +83,8 @@ class FocalLoss(nn.Module):
         reduction: ``"mean"`` over samples, ``"sum"`` or ``"none"`` (per-sample losses).
     """
 
+    alpha: torch.Tensor | None  # a buffer (moves with .to()), None without class weights
+
     def __init__(self, gamma: float = 2.0, alpha: float | Sequence[float] | None = None,
                  reduction: str = "mean") -> None:
         super().__init__()
@@ -204,6 +206,8 @@ class LabelAwareSmoothingLoss(nn.Module):
         smooth_head, smooth_tail, shape, power: see :func:`las_epsilons`.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
     """
+
+    epsilons: torch.Tensor  # a buffer: eps_k per class
 
     def __init__(self, class_counts: Sequence[int], smooth_head: float, smooth_tail: float,
                  shape: str = "concave", power: float | None = None, reduction: str = "mean") -> None:

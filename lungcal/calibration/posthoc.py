@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from lungcal.calibration.metrics import ece
-from lungcal.calibration.scaling import make_calibrator, probabilities
+from lungcal.calibration.scaling import TemperatureScaler, make_calibrator, probabilities
 from lungcal.errors import DataError
 
 __all__ = ["POSTHOC_METHODS", "ece_optimal_temperature", "adjust_logits_to_prior", "posthoc_probs"]
@@ -67,9 +67,9 @@ def posthoc_probs(val_logits, val_labels, test_logits, class_counts,
     zv, zt = np.asarray(val_logits, np.float64), np.asarray(test_logits, np.float64)
     yv = np.asarray(val_labels, np.int64)
     av, at = adjust_logits_to_prior(zv, class_counts), adjust_logits_to_prior(zt, class_counts)
-    t_nll = float(make_calibrator("ts").fit(zv, yv).temperature)
+    t_nll = float(TemperatureScaler().fit(zv, yv).temperature)
     t_ece = ece_optimal_temperature(zv, yv, n_bins=n_bins)
-    t_prior = float(make_calibrator("ts").fit(av, yv).temperature)
+    t_prior = float(TemperatureScaler().fit(av, yv).temperature)
     vector = make_calibrator("vector").fit(zv, yv)
     return {
         "none": (probabilities(zt), {}),

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -229,6 +229,10 @@ def _fold_ids(y: np.ndarray, folds: int, seed: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- public functions
+@overload
+def make_calibrator(name: Literal["ts"], **kwargs) -> TemperatureScaler: ...
+@overload
+def make_calibrator(name: str, **kwargs) -> _Calibrator: ...
 def make_calibrator(name: str, **kwargs) -> _Calibrator:
     """A new, unfitted calibrator by registry name (see :data:`CALIBRATORS`), e.g.
     ``make_calibrator("histogram", n_bins=10)``; ConfigError naming the valid names otherwise."""
@@ -417,6 +421,10 @@ class _Calibrator:
                             f"{self.n_classes}", field="logits", fix="use logits of the same model")
         return z, as_np, one_d
 
+    def fit(self, logits, labels) -> _Calibrator:  # pragma: no cover - abstract
+        """Fit on ``(N, C)`` (or ``(N,)`` binary) logits and integer labels; returns self."""
+        raise NotImplementedError
+
     def _transform(self, z: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -570,11 +578,10 @@ class TemperatureScaler(_Calibrator):
         zn, yn = z.numpy(), y.numpy()
         lo, hi = math.log(self.bounds[0]), math.log(self.bounds[1])
         cand = _newton_log_t(zn, yn, lo, hi)
-        ok = cand is not None and lo < cand < hi
-        if ok:
-            ok = _nll(z / math.exp(cand), y) <= self.nll_before + 1e-12
+        if cand is not None and not (lo < cand < hi and _nll(z / math.exp(cand), y) <= self.nll_before + 1e-12):
+            cand = None  # off the open interval, or no better than T = 1: the bounded search decides
         converged = True
-        if ok:
+        if cand is not None:
             self.log_temperature, self.method = cand, "newton"
         else:
             zy, zmax = zn[np.arange(zn.shape[0]), yn], zn.max(1)
@@ -832,6 +839,7 @@ class HistogramBinning(_Calibrator):
         return self
 
     def _transform(self, z):
+        assert self.bin_values is not None  # _prep checked the fit
         p = _softmax_np(z.numpy())
         idx = torch.as_tensor(self._bins(p))
         cal = torch.gather(self.bin_values, 1, idx.T).T  # (N, C)
@@ -884,7 +892,7 @@ class IsotonicCalibrator(_Calibrator):
     def _transform(self, z):
         p = _softmax_np(z.numpy())
         cal = np.stack([np.interp(p[:, k], self.x[k].numpy(), self.y[k].numpy())
-                        for k in range(self.n_classes)], axis=1)
+                        for k in range(p.shape[1])], axis=1)  # p.shape[1] == n_classes: _prep checked
         return _normalise_log(torch.as_tensor(cal, dtype=torch.float64))
 
     def _state(self) -> dict:

@@ -34,6 +34,7 @@ MISSING_FIX = ("build the cache first: `lungcal build-bags DATALIST --params BUN
                "output_dir as training), or run training with stream_bags false, which builds missing entries")
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's structFileHeader (30 bytes)
+_LOCAL_MAGIC = b"PK\003\004"  # zipfile's stringFileHeader (not in its public API)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def member_layout(path: str | os.PathLike, names: tuple[str, ...]) -> dict[str, 
                                      file=path, fix="delete the file; it is rebuilt uncompressed")
                 fh.seek(info.header_offset)
                 header = _LOCAL_HEADER.unpack(fh.read(_LOCAL_HEADER.size))
-                if header[0] != zipfile.stringFileHeader:
+                if header[0] != _LOCAL_MAGIC:
                     raise CacheError("bag cache entry has a bad zip header", file=path, fix="delete the file")
                 fh.seek(info.header_offset + _LOCAL_HEADER.size + header[10] + header[11])  # name, extra lengths
                 version = np.lib.format.read_magic(fh)
@@ -102,7 +103,7 @@ def read_member(path: str | os.PathLike, layout: MemberLayout) -> np.ndarray:
     try:
         with open(path, "rb", buffering=0) as fh:
             fh.seek(layout.offset)
-            n = fh.readinto(memoryview(out).cast("B"))
+            n = fh.readinto(out.data.cast("B"))  # out is C-contiguous: its buffer, as bytes
     except FileNotFoundError as e:
         raise CacheError("bag cache entry is missing", file=path, fix=MISSING_FIX) from e
     except OSError as e:

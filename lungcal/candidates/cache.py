@@ -343,7 +343,8 @@ class BagCache:
             raise ValueError(f"cache entry lacks {missing}")
         final = self.path(key)
         with atomic_write(final) as fh:
-            np.savez(fh, **{k: np.asarray(entry[k]) for k in _ENTRY_KEYS})
+            # no pickles: every reader loads with allow_pickle=False
+            np.savez(fh, allow_pickle=False, **{k: np.asarray(entry[k]) for k in _ENTRY_KEYS})
         return final
 
     def get_or_build(self, key: str, build: Callable[[], Mapping[str, np.ndarray]]) -> Path:

@@ -30,7 +30,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from scipy import ndimage
 
-from lungcal.ct.masking import coarse_view, upsample_nearest
+from lungcal.ct.masking import Spacing, coarse_view, upsample_nearest
 
 __all__ = ["Candidates", "Detector", "LoGBlobDetector", "voxel_to_world", "world_to_voxel"]
 
@@ -78,7 +78,7 @@ class Candidates:
 class Detector(Protocol):
     """Anything that turns a preprocessed CT into :class:`Candidates`."""
 
-    def detect(self, image, lung_mask, spacing: Sequence[float], affine) -> Candidates:  # pragma: no cover
+    def detect(self, image, lung_mask, spacing: Spacing, affine) -> Candidates:  # pragma: no cover
         ...
 
 
@@ -145,7 +145,7 @@ def _laplacian_block(g: np.ndarray, spacing: np.ndarray) -> np.ndarray:
     return out
 
 
-def _block_mean(vol: np.ndarray, step: Sequence[int]) -> np.ndarray:
+def _block_mean(vol: np.ndarray, step: Sequence[int] | np.ndarray) -> np.ndarray:
     """Mean over blocks of ``step`` voxels per axis (the last block of an axis is completed by
     replicating the edge), float32: one pass per axis, each on the already reduced volume."""
     out = vol
@@ -320,7 +320,7 @@ class LoGBlobDetector:
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
 
-    def sigmas_mm(self, spacing: Sequence[float]) -> np.ndarray:
+    def sigmas_mm(self, spacing: Spacing) -> np.ndarray:
         """The LoG scales (mm) used on a grid of voxel size ``spacing``: one per radius, smallest
         first, without those below ``min_sigma_vox`` voxels (the largest always stays)."""
         sigmas = np.asarray(sorted(self.radii_mm), np.float64) / np.sqrt(3.0)
@@ -328,7 +328,7 @@ class LoGBlobDetector:
         keep[-1] = True
         return sigmas[keep]
 
-    def grid_steps(self, spacing: Sequence[float]) -> np.ndarray:
+    def grid_steps(self, spacing: Spacing) -> np.ndarray:
         """``(S, 3)`` sub-sampling step per scale of :meth:`sigmas_mm` and axis: a scale runs on the
         volume's grid sub-sampled by ``floor(sigma / (pyramid_sigma_vox * voxel))`` (at least 1)."""
         spacing = np.asarray(spacing, np.float64).reshape(3)
@@ -381,7 +381,7 @@ class LoGBlobDetector:
         dilated |= inner
         return inner, dilated
 
-    def detect(self, image, lung_mask, spacing: Sequence[float], affine) -> Candidates:
+    def detect(self, image, lung_mask, spacing: Spacing, affine) -> Candidates:
         """Detect bright blobs inside the (dilated) lung mask.
 
         The scales run one after the other (each keeps the volume, its own smoothed copy and
@@ -443,6 +443,7 @@ class LoGBlobDetector:
             pending = (np.full(len(idx), s, np.int64), vox, box, val, dot)
             prev = (resp, step)
             del g
+        assert pending is not None  # sigmas_mm keeps at least one scale
         found.append(tuple(x for i, x in enumerate(pending) if i != 2))
         del prev, vol
         s_idx, vox, val, dot = (np.concatenate(a) for a in zip(*found))

@@ -37,12 +37,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from lungcal.candidates.detector import Candidates, LoGBlobDetector
+from lungcal.ct.masking import Spacing
 from lungcal.errors import ConfigError
 
 __all__ = ["KeyedDetector", "LOG_TARGET", "detector_config", "detector_from_config", "detector_key",
@@ -58,7 +59,7 @@ _FIX = ("give it detect(image, lung_mask, spacing, affine) -> Candidates and con
 class KeyedDetector(Protocol):
     """A detector the bag cache can key and a checkpoint can rebuild (see the module docstring)."""
 
-    def detect(self, image, lung_mask, spacing: Sequence[float], affine) -> Candidates:  # pragma: no cover
+    def detect(self, image, lung_mask, spacing: Spacing, affine) -> Candidates:  # pragma: no cover
         ...
 
     def config(self) -> dict[str, Any]:  # pragma: no cover

@@ -24,7 +24,7 @@ def parse_settings(items: list[str] | None) -> dict:
     """``["max_slice_thickness_mm=2.5", ...]`` -> QCConfig keyword arguments (typed like the defaults)."""
     from .qc import QCConfig
 
-    fields = {f.name: f.default for f in dataclasses.fields(QCConfig)}
+    fields = {f.name: f.default for f in dataclasses.fields(QCConfig) if f.default is not dataclasses.MISSING}
     out = {}
     for item in items or []:
         name, sep, text = item.partition("=")

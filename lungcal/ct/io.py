@@ -51,7 +51,7 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pydicom
@@ -94,7 +94,7 @@ class DicomVolume(NamedTuple):
     info: dict
 
 
-def _single(data: Sequence[os.PathLike] | os.PathLike | str) -> Path:
+def _single(data: Sequence[str | os.PathLike] | str | os.PathLike) -> Path:
     if isinstance(data, (str, os.PathLike)):
         return Path(data)
     data = list(data)
@@ -143,11 +143,11 @@ class SimpleITKReader(ImageReader):
     is RAS (SimpleITK reports LPS; we negate the first two rows).
     """
 
-    def verify_suffix(self, filename: Sequence[os.PathLike] | os.PathLike) -> bool:
+    def verify_suffix(self, filename: Sequence[str | os.PathLike] | str | os.PathLike) -> bool:
         names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
         return all(str(n).lower().endswith(ITK_SUFFIXES) for n in names)
 
-    def read(self, data: Sequence[os.PathLike] | os.PathLike, **kwargs):
+    def read(self, data: Sequence[str | os.PathLike] | str | os.PathLike, **kwargs):
         path = _single(data)
         if not path.is_file():
             raise DataError("image file not found", file=path, fix="check the path in the datalist")
@@ -421,11 +421,11 @@ class DicomSeriesReader(ImageReader):
         self.allow_gaps = allow_gaps
         self.series_uid = series_uid
 
-    def verify_suffix(self, filename: Sequence[os.PathLike] | os.PathLike) -> bool:
+    def verify_suffix(self, filename: Sequence[str | os.PathLike] | str | os.PathLike) -> bool:
         names = [filename] if isinstance(filename, (str, os.PathLike)) else list(filename)
         return all(Path(n).is_dir() for n in names)
 
-    def read(self, data: Sequence[os.PathLike] | os.PathLike, **kwargs):
+    def read(self, data: Sequence[str | os.PathLike] | str | os.PathLike, **kwargs):
         return read_dicom_series(_single(data), allow_gaps=kwargs.get("allow_gaps", self.allow_gaps),
                                  series_uid=kwargs.get("series_uid", self.series_uid))
 
@@ -479,4 +479,5 @@ def load_ct(path: str | os.PathLike, allow_gaps: bool = False, series_uid: str |
     affine = torch.as_tensor(meta.pop("affine"), dtype=torch.float64)
     meta["filename_or_obj"] = str(path)
     img = MetaTensor(torch.from_numpy(np.asarray(arr, dtype=np.float32))[None], affine=affine, meta=meta)
-    return Orientation(axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S")))(img)
+    # MONAI types Orientation's result as a Tensor; a MetaTensor in gives a MetaTensor out
+    return cast(MetaTensor, Orientation(axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S")))(img))

@@ -29,9 +29,13 @@ docs/hospital.md says when to turn it on.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import ndimage
+
+if TYPE_CHECKING:  # annotations only: masking imports torch and MONAI
+    from .masking import Spacing
 
 __all__ = ["draw_kernel_sigma", "soften", "check_max_sigma"]
 
@@ -59,7 +63,7 @@ def draw_kernel_sigma(max_sigma_mm: Sequence[float], seed: int) -> np.ndarray:
     return mx * np.random.default_rng(int(seed)).uniform(0.0, 1.0)
 
 
-def soften(volume: np.ndarray, sigma_mm: Sequence[float], spacing: Sequence[float]) -> np.ndarray:
+def soften(volume: np.ndarray, sigma_mm: Spacing, spacing: Spacing) -> np.ndarray:
     """``volume`` (``(X, Y, Z)``) smoothed by a Gaussian of ``sigma_mm`` per axis on a grid of
     ``spacing`` mm (``scipy.ndimage.gaussian_filter``, edges replicated); float32. Zero widths
     return a float32 copy."""

@@ -40,22 +40,25 @@ import torch
 from monai.data import MetaTensor
 from scipy import ndimage as ndi
 
-__all__ = ["Masker", "LungMasker", "ball", "fill_holes_2d", "largest_component", "coarse_view", "upsample_nearest",
-           "mask_like", "run_masker", "span_hull"]
+__all__ = ["Spacing", "Masker", "LungMasker", "ball", "fill_holes_2d", "largest_component", "coarse_view",
+           "upsample_nearest", "mask_like", "run_masker", "span_hull"]
+
+#: per-axis values (voxel spacing in mm, radii in voxels, integer steps): a sequence or a 1-D array
+Spacing = Sequence[float] | np.ndarray
 
 #: what a masker is: ``masker(hu, spacing) -> bool mask of hu.shape``
-Masker = Callable[[np.ndarray, Sequence[float]], np.ndarray]
+Masker = Callable[[np.ndarray, Spacing], np.ndarray]
 
 _SLICE_ONLY = np.zeros((3, 3, 3), bool)
 _SLICE_ONLY[:, :, 1] = ndi.generate_binary_structure(2, 1)
 
 
-def ball(radius_vox: Sequence[float]) -> np.ndarray:
+def ball(radius_vox: Spacing) -> np.ndarray:
     """A boolean ellipsoid structuring element with the given per-axis radii (voxels)."""
     r = [max(int(math.floor(v)), 0) for v in radius_vox]
     g = np.ogrid[tuple(slice(-k, k + 1) for k in r)]
     d = sum((gi / max(rv, 1e-6)) ** 2 for gi, rv in zip(g, radius_vox))
-    return d <= 1.0
+    return np.asarray(d <= 1.0)
 
 
 def fill_holes_2d(mask: np.ndarray) -> np.ndarray:
@@ -77,7 +80,7 @@ def largest_component(mask: np.ndarray) -> np.ndarray:
     return labels == int(np.argmax(sizes))
 
 
-def coarse_view(hu: np.ndarray, spacing: Sequence[float], voxel_mm: float) -> tuple[np.ndarray, np.ndarray]:
+def coarse_view(hu: np.ndarray, spacing: Spacing, voxel_mm: float) -> tuple[np.ndarray, np.ndarray]:
     """A strided view of ``hu`` at about ``voxel_mm`` (the centre of each block; no copy) and the
     integer step per axis."""
     spacing = np.asarray(spacing, dtype=float)
@@ -86,7 +89,7 @@ def coarse_view(hu: np.ndarray, spacing: Sequence[float], voxel_mm: float) -> tu
     return hu[off[0]:: step[0], off[1]:: step[1], off[2]:: step[2]], step
 
 
-def upsample_nearest(mask: np.ndarray, step: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+def upsample_nearest(mask: np.ndarray, step: Sequence[int] | np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """Undo :func:`coarse_view` for a mask: repeat each voxel ``step`` times (one broadcast copy),
     crop/pad to ``shape``."""
     n, st = mask.shape, [int(v) for v in step]
@@ -107,7 +110,7 @@ def mask_like(mask: np.ndarray, img) -> torch.Tensor:
     return mt
 
 
-def run_masker(masker: Masker, hu: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+def run_masker(masker: Masker, hu: np.ndarray, spacing: Spacing) -> np.ndarray:
     """Call ``masker`` and check what it returns: a boolean array of ``hu.shape``."""
     mask = np.asarray(masker(hu, spacing))
     if mask.shape != hu.shape:
@@ -162,7 +165,7 @@ class LungMasker:
     second_ratio: float = 0.15
     airway_cut_mm: float = 5.0
 
-    def __call__(self, hu: np.ndarray, spacing: Sequence[float]) -> np.ndarray:
+    def __call__(self, hu: np.ndarray, spacing: Spacing) -> np.ndarray:
         """Boolean lung mask of the HU volume ``hu`` ``(X, Y, Z)`` with voxel size ``spacing`` mm."""
         spacing = np.asarray(spacing, dtype=float)
         coarse, step = coarse_view(hu, spacing, self.mask_voxel_mm)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ from monai.transforms import MapTransform
 from lungcal.errors import ConfigError, DataError, LungcalError
 
 from .io import SERIES_INFO, load_ct
-from .masking import LungMasker, Masker, mask_like, run_masker
+from .masking import LungMasker, Masker, Spacing, mask_like, run_masker
 from .qc_checks import (
     CHECKS,
     VERDICTS,
@@ -141,7 +141,7 @@ class QCReport:
 
 # --------------------------------------------------------------------------------------------
 def check_series(image, *, config: QCConfig | Mapping[str, Any] | None = None, masker: Masker | None = None,
-                 mask: np.ndarray | None = None, spacing: Sequence[float] | None = None,
+                 mask: np.ndarray | None = None, spacing: Spacing | None = None,
                  info: Mapping[str, Any] | None = None, name: str | None = None, series_uid: str | None = None,
                  **overrides: Any) -> QCReport:
     """Run the series checks on one CT.

@@ -39,7 +39,7 @@ from monai.transforms import Compose, MapTransform, Spacingd, SpatialCrop, Trans
 from lungcal.errors import ConfigError, DataError, LungcalError
 
 from .io import load_ct
-from .masking import LungMasker, Masker, mask_like, run_masker
+from .masking import LungMasker, Masker, Spacing, mask_like, run_masker
 from .qc import QCd
 
 __all__ = [
@@ -68,13 +68,13 @@ def hu_window(x, window: Sequence[float] = DEFAULT_HU_WINDOW, inplace: bool = Fa
     if isinstance(x, torch.Tensor):
         out = x if inplace else x.clone()
         return out.sub_(lo).div_(hi - lo).clamp_(0.0, 1.0)
-    out = x if inplace else np.array(x, dtype=np.float32, copy=True)
-    out -= lo
-    out /= hi - lo
-    return np.clip(out, 0.0, 1.0, out=out)
+    arr = x if inplace else np.array(x, dtype=np.float32, copy=True)
+    arr -= lo
+    arr /= hi - lo
+    return np.clip(arr, 0.0, 1.0, out=arr)
 
 
-def lung_mask(hu: np.ndarray, spacing: Sequence[float], *, min_lung_ml: float = 150.0, file: str | None = None,
+def lung_mask(hu: np.ndarray, spacing: Spacing, *, min_lung_ml: float = 150.0, file: str | None = None,
               masker: Masker | None = None, **masker_kwargs) -> np.ndarray:
     """3D lung mask of a HU volume ``(X, Y, Z)``; raises when it holds less than ``min_lung_ml``.
 
@@ -115,7 +115,7 @@ def _make_masker(masker: Masker | None, kwargs: Mapping) -> Masker:
     return masker
 
 
-def _require_lungs(mask: np.ndarray, spacing: Sequence[float], min_lung_ml: float, file: str | None) -> None:
+def _require_lungs(mask: np.ndarray, spacing: Spacing, min_lung_ml: float, file: str | None) -> None:
     vol_ml = float(mask.sum() * np.prod(np.asarray(spacing, float)) / 1000.0)
     if vol_ml < min_lung_ml:
         raise DataError(f"no lungs found (lung-like air inside the body: {vol_ml:.0f} mL < {min_lung_ml:.0f} mL)",
@@ -123,7 +123,7 @@ def _require_lungs(mask: np.ndarray, spacing: Sequence[float], min_lung_ml: floa
                                        "or remove it from the datalist")
 
 
-def lung_bbox(mask: np.ndarray, spacing: Sequence[float], margin_mm: float | Sequence[float] = 10.0):
+def lung_bbox(mask: np.ndarray, spacing: Spacing, margin_mm: float | Sequence[float] = 10.0):
     """(start, end) voxel indices of the mask's bounding box grown by ``margin_mm``, clipped to the volume."""
     if not mask.any():
         raise DataError("no lungs found (empty lung mask)", fix="check that the image is a chest CT")
@@ -163,7 +163,7 @@ class LoadCTd(MapTransform):
         self.allow_gaps = allow_gaps
         self.series_key = series_key
 
-    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict:
         d = dict(data)
         uid = d.get(self.series_key) or None
         for key in self.key_iterator(d):
@@ -271,7 +271,7 @@ class CTCompose(Compose):
         try:
             return super().__call__(*args, **kwargs)
         except RuntimeError as exc:
-            cause = exc
+            cause: BaseException | None = exc
             while cause is not None and not isinstance(cause, LungcalError):
                 cause = cause.__cause__ or cause.__context__
             if cause is None:
@@ -316,7 +316,7 @@ def build_preprocess(spacing: Sequence[float] | float | None = (1.0, 1.0, 1.0),
     if spacing is not None:
         pix = tuple(float(s) for s in np.broadcast_to(np.asarray(spacing, float), (3,)))
         chain.append(Spacingd(("image", "lung_mask"), pixdim=pix, mode=("bilinear", "nearest"),
-                              padding_mode="border", dtype=torch.float32))
+                              padding_mode="border", dtype=np.float32))
     chain += [HUWindowd("image", window=hu_window), _Contiguous()]
     return CTCompose(chain)
 

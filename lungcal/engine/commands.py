@@ -111,11 +111,12 @@ def _recalibrate(args: argparse.Namespace) -> int:
 
 
 def _build_bags(args: argparse.Namespace) -> int:
-    from lungcal.engine.data.bagbuild import LocalRunner, build_cohort, cohort_from_params
+    from lungcal.engine.data.bagbuild import LocalRunner, Runner, build_cohort, cohort_from_params
     from lungcal.errors import ConfigError
 
     splits = [s.strip() for s in str(args.splits).split(",") if s.strip()]
     cohort = cohort_from_params(args.params, args.datalist, output_dir=args.output_dir, num_workers=args.num_workers)
+    runner: Runner
     if args.scheduler:
         try:
             from lungcal.engine.data.dask_bags import DaskRunner

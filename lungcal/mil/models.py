@@ -28,6 +28,8 @@ a zero pooled embedding (attention all zero, no NaN), hence the head's bias logi
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.nn import functional
@@ -100,6 +102,10 @@ def _valid_instances(bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
 
 class _BagEncoder(Described, nn.Module):
     """Shared by the MIL models: ``encode`` runs ``self.encoder`` (output ``self.embed_dim``) on valid instances."""
+
+    if TYPE_CHECKING:  # set by the subclasses; declared for the type checker only (TorchScript reads annotations)
+        encoder: nn.Module
+        embed_dim: int
 
     def encode(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Instance embeddings ``(B, K, D)`` (zeros for masked slots, which the encoder never sees)."""
@@ -230,7 +236,10 @@ class _InstanceHeadMIL(_BagEncoder):
     unchanged). ``head.forward_with_probs`` gives ``(logits, per-instance weights)``.
     """
 
-    def __init__(self, encoder: nn.Module, head: nn.Module, tta_flips: bool = False,
+    if TYPE_CHECKING:  # for the type checker only (TorchScript reads annotations)
+        head: NoisyORHead | LogSumExpHead
+
+    def __init__(self, encoder: nn.Module, head: NoisyORHead | LogSumExpHead, tta_flips: bool = False,
                  embed_dim: int | None = None) -> None:
         super().__init__()
         self.tta_flips = bool(tta_flips)

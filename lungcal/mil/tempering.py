@@ -111,34 +111,50 @@ def pooling_view(network: nn.Module, loader, device=None) -> PoolingView:
     """Run the frozen ``network`` (eval mode) over ``loader`` once; keep what its pooling needs."""
     kind = _kind(network)
     network.eval()
-    scores, valid, labels, inst = [], [], [], []
+    if isinstance(network, AttentionMIL):
+        return _attention_view(network, loader, device)
+    assert isinstance(network, _InstanceHeadMIL)  # as _kind checked
+    return _instance_view(network, kind, loader, device)
+
+
+def _batches(loader, device):
     for batch in loader:
         bags = batch["bag"].to(device) if device is not None else batch["bag"]
-        mask = batch["mask"].to(bags.device).to(torch.bool)
-        if kind == "attention":
-            flips = 8 if network.tta_flips else 1
-            hs = torch.stack([network.encode(_flipped(bags, f), mask) for f in range(flips)])  # (F, B, K, D)
-            scores.append(network.pool.scores(hs).double().cpu())
-            inst.append(functional.linear(hs, network.head.weight).double().cpu())
-            valid.append(mask.cpu())
-        else:
-            feats = network.features(bags, mask)
-            h = feats[..., :-1]
-            valid.append((feats[..., -1] > 0.5).cpu())
-            s = network.head.gate.scores(h) if kind == "lse" else network.head.instance(h).squeeze(-1)
-            scores.append(s.double().cpu())
-        labels.append(batch["label"].long().cpu())
-    head = network.head
-    if kind == "lse":
-        leak, bias = head.leak.detach().double().cpu(), head.bias.detach().double().cpu()
-    elif kind == "noisy_or":
-        leak, bias = head.leak_logit.detach().double().cpu(), torch.zeros((), dtype=torch.float64)
-    else:
-        leak = torch.zeros((), dtype=torch.float64)
-        bias = (head.bias.detach() if head.bias is not None else torch.zeros(head.out_features)).double().cpu()
-    cat_dim = 1 if kind == "attention" else 0
-    return PoolingView(kind, torch.cat(scores, cat_dim), torch.cat(valid), torch.cat(labels), leak, bias,
+        yield bags, batch["mask"].to(bags.device).to(torch.bool), batch["label"].long().cpu()
+
+
+def _attention_view(network: AttentionMIL, loader, device) -> PoolingView:
+    pool, head = network.pool, network.head
+    assert isinstance(pool, GatedAttentionPool) and isinstance(head, nn.Linear)  # as _kind checked
+    scores, valid, labels, inst = [], [], [], []
+    for bags, mask, label in _batches(loader, device):
+        flips = 8 if network.tta_flips else 1
+        hs = torch.stack([network.encode(_flipped(bags, f), mask) for f in range(flips)])  # (F, B, K, D)
+        scores.append(pool.scores(hs).double().cpu())
+        inst.append(functional.linear(hs, head.weight).double().cpu())
+        valid.append(mask.cpu())
+        labels.append(label)
+    leak = torch.zeros((), dtype=torch.float64)
+    bias = (head.bias.detach() if head.bias is not None else torch.zeros(head.out_features)).double().cpu()
+    return PoolingView("attention", torch.cat(scores, 1), torch.cat(valid), torch.cat(labels), leak, bias,
                        torch.cat(inst, 1) if inst else None)
+
+
+def _instance_view(network: _InstanceHeadMIL, kind: str, loader, device) -> PoolingView:
+    head = network.head
+    scores, valid, labels = [], [], []
+    for bags, mask, label in _batches(loader, device):
+        feats = network.features(bags, mask)
+        h = feats[..., :-1]
+        valid.append((feats[..., -1] > 0.5).cpu())
+        s = head.gate.scores(h) if isinstance(head, LogSumExpHead) else head.instance(h).squeeze(-1)
+        scores.append(s.double().cpu())
+        labels.append(label)
+    if isinstance(head, LogSumExpHead):
+        leak, bias = head.leak.detach().double().cpu(), head.bias.detach().double().cpu()
+    else:
+        leak, bias = head.leak_logit.detach().double().cpu(), torch.zeros((), dtype=torch.float64)
+    return PoolingView(kind, torch.cat(scores), torch.cat(valid), torch.cat(labels), leak, bias)
 
 
 def _as_t(temperature, like: torch.Tensor) -> torch.Tensor:
@@ -167,6 +183,7 @@ def pooled_logits(view: PoolingView, temperature=1.0) -> torch.Tensor:
         log_not = (functional.logsigmoid(-s) * view.valid).sum(dim=1) + functional.logsigmoid(-view.leak / t)
         return torch.stack([log_not, _log1mexp(log_not)], dim=1)
     att = masked_softmax(view.scores / t, view.valid.unsqueeze(0).expand_as(view.scores), dim=2)  # (F, B, K)
+    assert view.instance_logits is not None  # an attention view has them
     return (att.unsqueeze(-1) * view.instance_logits).sum(2).mean(0) + view.bias
 
 
@@ -182,6 +199,7 @@ def instance_probabilities(view: PoolingView, temperature=1.0, bag_temperature: 
         elif view.kind == "noisy_or":
             p = torch.sigmoid(view.scores / _as_t(temperature, view.scores))
         else:
+            assert view.instance_logits is not None  # an attention view has them
             z = view.instance_logits.mean(0) + view.bias  # (B, K, C)
             p = torch.softmax(z / bt, dim=-1)[..., 1]
     return (p * view.valid).numpy()

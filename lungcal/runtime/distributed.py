@@ -171,7 +171,7 @@ def gather(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0, in rank order; shards may differ in length."""
     if not is_distributed():
         return tensor
-    shards = [None] * world_size()
+    shards: list[Any] = [None] * world_size()  # filled in place with every rank's tensor
     dist.all_gather_object(shards, tensor.detach().cpu())
     return torch.cat(shards).to(tensor.device)
 
@@ -180,7 +180,7 @@ def mean_over_ranks(value: float) -> float:
     """The mean of ``value`` over the ranks (``value`` in a single process)."""
     if not is_distributed():
         return float(value)
-    values = [None] * world_size()
+    values: list[Any] = [None] * world_size()  # filled in place with every rank's float
     dist.all_gather_object(values, float(value))
     return float(sum(values) / len(values))
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 from lungcal.errors import LungcalError
 
@@ -36,11 +38,18 @@ def find_lungcal_error(exc: BaseException | None) -> LungcalError | None:
     return None
 
 
-def _hook(previous):
-    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+class _Hook:
+    """The installed :data:`sys.excepthook`; ``lungcal_exit_hook`` marks it so :func:`install` stays idempotent."""
+
+    lungcal_exit_hook = True
+
+    def __init__(self, previous: Callable[[type[BaseException], BaseException, TracebackType | None], Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         error = find_lungcal_error(exc)
         if error is None:
-            previous(exc_type, exc, tb)
+            self.previous(exc_type, exc, tb)
             return
         print(f"lungcal: error: {error}", file=sys.stderr)
         atexit._run_exitfuncs()
@@ -48,14 +57,11 @@ def _hook(previous):
         sys.stderr.flush()
         os._exit(EXIT_CODE)
 
-    hook.lungcal_exit_hook = True
-    return hook
-
 
 def install() -> None:
     """Install the hook (idempotent)."""
     if not getattr(sys.excepthook, "lungcal_exit_hook", False):
-        sys.excepthook = _hook(sys.excepthook)
+        sys.excepthook = _Hook(sys.excepthook)
 
 
 install()

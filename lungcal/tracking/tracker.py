@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import matplotlib.pyplot as plt
@@ -450,7 +450,7 @@ class RunTracker:
     def __enter__(self) -> RunTracker:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:  # never swallows the exception
         if exc_type is None:
             status = "FINISHED"
         elif issubclass(exc_type, KeyboardInterrupt):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.stats import norm
@@ -36,7 +37,7 @@ MARGINS = ("smooth", "lobulated", "spiculated")
 ATTENUATIONS = ("solid", "part-solid", "calcified")
 
 #: class-conditional feature distributions: diameter ~ clip(exp(N(log median, sigma)), 4, 30) mm
-NODULE_MODEL = {
+NODULE_MODEL: dict[str, Any] = {
     "lam": 1.2,  # mean number of benign nodules per CT
     "benign": {"median_mm": 6.5, "sigma": 0.45, "margin": (0.62, 0.30, 0.08),
                "attenuation": (0.78, 0.08, 0.14)},

@@ -19,7 +19,7 @@ from .nodules import ATTENUATIONS, MARGINS, Nodule
 __all__ = ["make_phantom", "sample_anatomy", "place_nodules", "lung_masks", "ScannerProfile"]
 
 
-def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequence[float],
+def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequence[float] | np.ndarray,
                  nodules: Sequence[Nodule] = (), scanner: ScannerProfile | None = None,
                  lungs: bool = True, anat: dict | None = None):
     """Render one chest phantom.
@@ -64,8 +64,9 @@ def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequen
         for side, lmask in ((-1, lr), (1, ll)):
             hilum = np.array([side * (anat["lung_dx"] - 0.55 * anat["lung_a"]), anat["lung_cy"], anat["lung_cz"]],
                              np.float32)
-            stack = [(hilum, np.array([side, 0.2 * rng.standard_normal(), dz], np.float32), 3.5, 0)
-                     for dz in (1.2, 0.1, -1.0)]
+            stack: list[tuple[np.ndarray, np.ndarray, float, int]] = [  # (start, direction, radius, depth)
+                (hilum, np.array([side, 0.2 * rng.standard_normal(), dz], np.float32), 3.5, 0)
+                for dz in (1.2, 0.1, -1.0)]
             while stack:
                 p, d, rad, depth = stack.pop()
                 d = np.asarray(d, np.float32)
@@ -159,8 +160,8 @@ def place_nodules(rng, lung_mask, spacing, origin, features) -> list[Nodule]:
             if lung_mask[box].all():
                 idx = i
                 break
-        c = np.asarray(origin) + np.asarray(idx) * spacing
-        out.append(Nodule(tuple(float(v) for v in c), float(d), bool(mal), MARGINS[m], ATTENUATIONS[a]))
+        cx, cy, cz = (float(v) for v in np.asarray(origin) + np.asarray(idx) * spacing)
+        out.append(Nodule((cx, cy, cz), float(d), bool(mal), MARGINS[m], ATTENUATIONS[a]))
     return out
 
 

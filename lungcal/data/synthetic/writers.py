@@ -16,7 +16,7 @@ import SimpleITK as sitk
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import dcmwrite
-from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, RLELossless, generate_uid
+from pydicom.uid import UID, CTImageStorage, ExplicitVRLittleEndian, RLELossless, generate_uid
 
 __all__ = ["fake_identifiers", "write_dicom_series", "write_nifti"]
 
@@ -113,7 +113,7 @@ def _slice_dataset(common: Dataset, k: int, sop: str, origin_lps, dz: float, fix
     """Slice ``k`` of the series; ``fixed`` writes fixed-width strings that can be patched in place."""
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = CTImageStorage
-    meta.MediaStorageSOPInstanceUID = sop
+    meta.MediaStorageSOPInstanceUID = UID(sop)
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset(dict(common))
     ds.file_meta = meta

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from monai.bundle import ConfigParser
@@ -95,6 +95,18 @@ def cohort_from_params(params: str | os.PathLike | Sequence[str | os.PathLike], 
 
 def _init_worker() -> None:  # one BLAS/torch thread per worker process, as the training builder
     torch.set_num_threads(1)
+
+
+class Runner(Protocol):
+    """What runs the bag tasks: :class:`LocalRunner` or :class:`~lungcal.engine.data.dask_bags.DaskRunner`."""
+
+    def __enter__(self) -> Runner: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+    def describe(self) -> str: ...
+
+    def run(self, fn: Callable, tasks: Sequence[tuple]) -> Iterator[Outcome]: ...
 
 
 class LocalRunner:
@@ -169,7 +181,7 @@ def bag_tasks(cohort: CTCohort, rows: Sequence[dict]) -> list[tuple]:
             for r in rows]
 
 
-def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLITS,
+def check_series_on(runner: Runner, cohort: CTCohort, splits: Sequence[str] = SPLITS,
                     progress: bool = True) -> tuple[list[dict], list[QCReport | None] | None]:
     """The rows of ``splits`` and, when the cohort has ``qc``, their series-check reports, computed as
     ``runner`` tasks (:func:`~lungcal.engine.data.series_qc.screen_one`: each stores its report in the
@@ -193,7 +205,7 @@ def check_series_on(runner: Any, cohort: CTCohort, splits: Sequence[str] = SPLIT
     return rows, reports
 
 
-def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Any = None,
+def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Runner | None = None,
                  progress: bool = True) -> BuildReport:
     """Build (or verify) the cache entry of every row of ``splits`` that passes the series checks, on
     ``runner`` (default: the cohort's ``num_workers`` local processes), the checks first on the same
@@ -217,5 +229,5 @@ def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Any =
             else:
                 report.cached += 1
             bar.update(1)
-    report.failures.sort(key=lambda e: e.row)
+    report.failures.sort(key=lambda e: -1 if e.row is None else e.row)  # row_failure sets every row
     return report

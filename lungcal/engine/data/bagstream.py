@@ -106,6 +106,8 @@ def seed_worker(worker_id: int) -> None:
     """``worker_init_fn`` of a loader with workers: reseed the dataset's own generator (``_gen``) from
     the worker's seed, which the loader derives from its generator per epoch and per worker."""
     info = torch.utils.data.get_worker_info()
-    gen = getattr(info.dataset, "_gen", None) if info is not None else None
+    if info is None:  # not in a worker
+        return
+    gen = getattr(info.dataset, "_gen", None)
     if isinstance(gen, torch.Generator):
         gen.manual_seed(int(info.seed) % (2**63))

@@ -123,8 +123,9 @@ class CTCohort:
         self.datalist = datalist
         self.output_dir = resolve_output_dir(output_dir)
         detector_params = detector_bag_params(detector)  # ConfigError naming 'detector' unless keyable
-        self.bag_params = {"spacing": [float(s) for s in spacing], "hu_window": [float(h) for h in hu_window],
-                           "k": int(k), "patch_size": int(patch_size)}
+        self.bag_params: dict[str, Any] = {
+            "spacing": [float(s) for s in spacing], "hu_window": [float(h) for h in hu_window],
+            "k": int(k), "patch_size": int(patch_size)}
         if detector_params is not None:
             self.bag_params["detector"] = detector_params
         harmonize = BagParams(harmonize_mm=harmonize_mm).resolved().get("harmonize_mm")  # ConfigError naming it
@@ -174,8 +175,9 @@ class CTCohort:
 
     def datalist_path(self) -> Path:
         if self.datalist in (None, "", "synthetic"):
-            kw = {} if self.demo_subjects is None else {"n_subjects": int(self.demo_subjects)}
-            return Path(ensure_demo_cohort(self.output_dir / "data", **kw))
+            if self.demo_subjects is None:
+                return Path(ensure_demo_cohort(self.output_dir / "data"))
+            return Path(ensure_demo_cohort(self.output_dir / "data", n_subjects=int(self.demo_subjects)))
         path = Path(str(self.datalist)).expanduser()
         if not path.is_file():
             raise DataError("datalist not found", file=path, field="datalist",

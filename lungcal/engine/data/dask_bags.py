@@ -115,6 +115,9 @@ class DaskRunner:
         """Map ``fn`` over ``tasks``; yield ``(index, result, exception)`` as each finishes."""
         if not tasks:
             return
+        client = self.client
+        if client is None:
+            raise RuntimeError("DaskRunner.run needs the runner open: use it in a with block")
         n = len(tasks)
         columns = []
         for col in zip(*tasks):
@@ -122,11 +125,11 @@ class DaskRunner:
             if all(c is first for c in col) and not isinstance(first, (str, int, float, bool, type(None))):
                 # one object shared by every task (the preprocessing chain: ~7 KB pickled): sent to each
                 # worker once, not once a task through the scheduler
-                first = self.client.scatter(first, broadcast=True, hash=False)
+                first = client.scatter(first, broadcast=True, hash=False)
                 columns.append([first] * n)
             else:
                 columns.append(list(col))
-        futures = self.client.map(checked_task, [fn] * n, [code_fingerprint()] * n, *columns, pure=False)
+        futures = client.map(checked_task, [fn] * n, [code_fingerprint()] * n, *columns, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         try:
             for fut in as_completed(futures):
@@ -136,4 +139,4 @@ class DaskRunner:
                 else:
                     yield i, fut.result(), None
         finally:
-            self.client.cancel([f for f in futures if not f.done()])
+            client.cancel([f for f in futures if not f.done()])

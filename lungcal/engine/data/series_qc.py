@@ -47,7 +47,8 @@ QC_COLUMNS = ("pseudonym", "check", "verdict", "value")
 
 def qc_key(source: str | os.PathLike, config: QCConfig, masker: Masker, series_uid: str | None = None) -> str:
     """sha256 naming the cached report of ``source`` under ``config`` and ``masker``."""
-    masker_cfg = masker.config() if callable(getattr(masker, "config", None)) else type(masker).__qualname__
+    config_of = getattr(masker, "config", None)  # LungMasker.config(); a plain function has none
+    masker_cfg = config_of() if callable(config_of) else type(masker).__qualname__
     payload = {"version": QC_VERSION, "code": _ct_fingerprint(), "source": hash_source(source),
                "series_uid": series_uid or "", "config": dataclasses.asdict(config), "masker": masker_cfg}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -159,7 +159,12 @@ class InferenceRun:
                              num_workers=self.num_workers)
             log_warnings(rows, reports)
             refuse_failed(rows, reports)
-        model_id = stage1.run_id or f"checkpoint:{file_digest(self.checkpoint or self.stage1_run_id)}"
+        if stage1.run_id:
+            model_id = stage1.run_id
+        else:
+            path = self.checkpoint or self.stage1_run_id
+            assert path is not None  # no run: the weights came from this file
+            model_id = f"checkpoint:{file_digest(path)}"
         tags = {TAG_INFERENCE: self.mode, TAG_MODEL: model_id, TAG_STAGE1: stage1.stage1_name(TAG_STAGE1),
                 TAG_SITE: self.site or "reference", TAG_DATASET: "inference"}
         with RunTracker(self._experiment(stage1.run), f"{self.mode}-{time.strftime('%Y%m%d-%H%M%S')}",

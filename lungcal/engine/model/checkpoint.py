@@ -123,7 +123,7 @@ def load_stage1(model: str | os.PathLike | None, tracking_uri: str, *, checkpoin
     """
     run = None
     path = Path(str(checkpoint or model)).expanduser() if (checkpoint or model) else None
-    if checkpoint or (path is not None and (path.suffix in CHECKPOINT_SUFFIXES or path.exists())):
+    if path is not None and (checkpoint or path.suffix in CHECKPOINT_SUFFIXES or path.exists()):
         ck = load_checkpoint(path)
     else:
         run = find_stage1_run(tracking_uri, str(model) if model else None)

@@ -5,9 +5,18 @@ temperature scaling in :class:`lungcal.calibration.scaling.TemperatureScaler`.
 """
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
-__all__ = ["apply_head"]
+__all__ = ["InstanceScorer", "apply_head"]
+
+
+@runtime_checkable
+class InstanceScorer(Protocol):
+    """A head that scores every instance (log-sum-exp, noisy-OR): ``(logits, per-instance weights)``."""
+
+    def forward_with_probs(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def apply_head(head: torch.nn.Module, features: torch.Tensor,
@@ -20,6 +29,6 @@ def apply_head(head: torch.nn.Module, features: torch.Tensor,
     stage-1 weights, is returned as it is.
     """
     with torch.no_grad():
-        if hasattr(head, "forward_with_probs"):
+        if isinstance(head, InstanceScorer):
             return head.forward_with_probs(features)
         return head(features), attention

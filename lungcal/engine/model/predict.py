@@ -24,17 +24,35 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
 from lungcal.calibration.uncertainty import decompose_uncertainty, log_probs
+from lungcal.engine.model.heads import InstanceScorer
 from lungcal.errors import ConfigError
 
 __all__ = ["predict", "predict_uncertainty", "ensemble_uncertainty", "dropout_layers", "mc_dropout",
            "mc_dropout_probs", "check_mc_samples"]
+
+
+# What the functions here call on a MIL network (every model of lungcal.mil has all of it).
+@runtime_checkable
+class _Pooled(Protocol):
+    def forward_features(self, bags: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class _Featured(Protocol):
+    def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+
+
+class _HeadSampled(Protocol):
+    head: InstanceScorer
+
+    def features(self, bags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
 
 
 @torch.no_grad()
@@ -45,12 +63,14 @@ def predict(network: nn.Module, loader, device=None) -> dict[str, torch.Tensor]:
     for batch in loader:
         bags = batch["bag"].to(device) if device is not None else batch["bag"]
         mask = batch["mask"].to(bags.device)
-        if hasattr(network, "forward_features"):  # one pass: pooled features + attention
+        if isinstance(network, _Pooled):  # one pass: pooled features + attention
             feats, att = network.forward_features(bags, mask)
-            logits = network.head(feats)
-        else:
+            logits = network.get_submodule("head")(feats)
+        elif isinstance(network, _Featured):
             feats = network.features(bags, mask)
             logits, att = network(bags, mask)
+        else:
+            raise TypeError(f"{type(network).__name__} has neither forward_features nor features (a MIL network)")
         out["logits"].append(logits.float().cpu())
         out["attention"].append(att.float().cpu())
         out["features"].append(feats.float().cpu())
@@ -90,7 +110,7 @@ def mc_dropout(network: nn.Module) -> Iterator[nn.Module]:
             m.training = training
 
 
-def _head_only(network: nn.Module) -> bool:
+def _head_only(network: nn.Module) -> TypeGuard[_HeadSampled]:
     """Whether every active dropout layer is inside ``network.head`` (then the features need one pass)."""
     head = getattr(network, "head", None)
     if head is None or not hasattr(network, "features") or not hasattr(head, "forward_with_probs"):

@@ -159,7 +159,7 @@ def _source_prior(uri: str, stage1, ref_run, explicit: float | None) -> tuple[fl
                       fix="pass --source-prevalence <fraction of cancers in the model's training/validation data>")
 
 
-def _fit_local(method: str, val: Mapping[str, Any], seed: int) -> tuple[str, dict[str, Any], dict | None]:
+def _fit_local(method: str, val: Mapping[str, Any], seed: int) -> tuple[str | None, dict[str, Any], dict | None]:
     """-> (chosen local name or None, {name: fitted calibrator}, cv_nll or None)."""
     z, y = val["logits"], val["labels"]
     if method == "auto":
@@ -265,9 +265,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     if unl_rows is not None:
         unl_rows, skipped["unlabelled"] = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
     _site_labels(val_rows, test_rows, datalist)
-    val, test, unl = (None if r is None else score_rows(net, r, bag_params, None, cache_dir=cache,
-                                                        num_workers=num_workers)
-                      for r in (val_rows, test_rows, unl_rows))
+    val, test = (score_rows(net, r, bag_params, None, cache_dir=cache, num_workers=num_workers)
+                 for r in (val_rows, test_rows))
+    unl = None if unl_rows is None else score_rows(net, unl_rows, bag_params, None, cache_dir=cache,
+                                                   num_workers=num_workers)
 
     chosen_local, fitted, cv_nll = _fit_local(method, val, seed)
     probs: dict[str, np.ndarray] = {"uncalibrated": probabilities(test["logits"])}
@@ -282,15 +283,18 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     if source is not None:
         priors.update(source_prior=source[0], source=source[1])
     if prevalence is not None:
+        assert source is not None  # looked up above when a prevalence is given
         priors["site_prior"] = prevalence
         stored["prior"] = PriorAdjusted(ref_cal, source[0], prevalence, "given")
         probs["prior"] = adjust_to_prior(probs[shipped_key], source[0], prevalence)
     if unl is not None:
+        assert source is not None and unl_rows is not None  # both come with the unlabelled CTs
         em = estimate_prior_em(calibrated_probs(ref_cal, unl["logits"]), source[0])
         priors.update(em_prior=em, n_unlabelled=len(unl_rows))
         stored["em"] = PriorAdjusted(ref_cal, source[0], em, "em")
         probs["em"] = adjust_to_prior(probs[shipped_key], source[0], em)
-    chosen_row = chosen_local if method != PRIOR else ("prior" if prevalence is not None else "em")
+    # no local method (only with --method prior): the prior row
+    chosen_row = chosen_local if chosen_local is not None else ("prior" if prevalence is not None else "em")
     chosen_cal = stored[chosen_row]
 
     rows = {}
@@ -306,7 +310,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
                        "prevalence), so a prior adjustment does not apply: no signal"]
     n_events = int(min(int((val["labels"] == 1).sum()), int((val["labels"] == 0).sum())))
     temp = float(chosen_cal.temperature) if getattr(chosen_cal, "name", "") == "ts" else None
-    ref_temp = float(ref_cal.temperature) if getattr(ref_cal, "name", "") == "ts" else None
+    ref_temp = float(ref_cal.temperature) if ref_cal is not None and getattr(ref_cal, "name", "") == "ts" else None
     parent = stage1.run_id
     stage1_name = stage1.stage1_name(TAG_STAGE1)
     result = Recalibration(

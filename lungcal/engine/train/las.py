@@ -71,9 +71,10 @@ class LASRun:
         self.stage1_run_id, self.checkpoint = stage1_run_id, checkpoint
         self.datalist, self.demo_subjects, self.num_workers = datalist, demo_subjects, int(num_workers)
         self.device = resolve_device(device)
-        self.las = {"smooth_head": float(smooth_head), "smooth_tail": float(smooth_tail), "shape": las_shape,
-                    "epochs": int(epochs), "lr": float(lr), "batch_size": int(batch_size),
-                    "balanced_sampling": bool(balanced_sampling), "seed": int(seed)}
+        self.las: dict[str, Any] = {
+            "smooth_head": float(smooth_head), "smooth_tail": float(smooth_tail), "shape": las_shape,
+            "epochs": int(epochs), "lr": float(lr), "batch_size": int(batch_size),
+            "balanced_sampling": bool(balanced_sampling), "seed": int(seed)}
         self.run_name = run_name
         self.n_bins, self.n_bootstrap, self.seed = int(n_bins), int(n_bootstrap), int(seed)
         self.result: dict[str, Any] = {}
@@ -89,7 +90,8 @@ class LASRun:
         out = {s: predict(stage1.network, cohort.loader(s, bs), self.device) for s in ("train", "test")}
         train, test = cohort.splits["train"], cohort.splits["test"]
         counts = class_counts_from_labels(train["labels"], 2)
-        head = retrain_head_las(stage1.network.head, out["train"]["features"], train["labels"], counts, **self.las)
+        head = retrain_head_las(stage1.network.get_submodule("head"), out["train"]["features"], train["labels"], counts,
+                                **self.las)
         # log-sum-exp / noisy-OR heads score the candidates themselves: the table shows the new weights
         logits, attention = apply_head(head, out["test"]["features"], out["test"]["attention"])
         probs = probabilities(logits)

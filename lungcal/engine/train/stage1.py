@@ -191,9 +191,12 @@ class Stage1Run(TrackedStage1):
             raise ConfigError(f"the {field} model does not fit this bundle's network_def ({why})", field=field,
                               fix="fine-tune with the parent's network_def (same encoder and head)") from exc
         if self.init.freeze_encoder:
-            for p in unwrap(self.network).encoder.parameters():
+            for p in unwrap(self.network).get_submodule("encoder").parameters():
                 p.requires_grad_(False)
-        return parent.run_id or f"checkpoint:{file_digest(self.init.init_checkpoint)}"
+        if parent.run_id:
+            return parent.run_id
+        assert self.init.init_checkpoint is not None  # no parent run: the weights came from this file
+        return f"checkpoint:{file_digest(self.init.init_checkpoint)}"
 
     def tags(self, stage2: str) -> dict[str, str]:
         return {TAG_DATASET: self.cohort.source, TAG_STAGE1: self.method, TAG_STAGE2: stage2,
@@ -226,6 +229,7 @@ class Stage1Run(TrackedStage1):
                              extra={"network_def": self.network_def, "method": self.method,
                                     "bag_params": json.dumps(self.cohort.bag_params),
                                     "kernel_augment_mm": json.dumps(self.cohort.train_bag_params.get("kernel_aug_mm"))})
+        assert self.epoch_log is not None  # super().bind set it
         self.epoch_logger.bind(self.epoch_log)
 
     def on_first_open(self, tracker: RunTracker) -> None:
