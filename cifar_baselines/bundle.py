@@ -2,8 +2,9 @@
 
 The bundle JSON is parsed with MONAI's ``ConfigParser`` (``%`` macros resolve from the current
 directory, i.e. run from the project root), top-level keys are overridden from the command line
-(values parsed as JSON, e.g. ``--lr_milestones [24,27]``, ``--subset null``), and ``run`` is
-evaluated; the training log (MONAI ``StatsHandler``, one line per epoch) goes to stderr.
+(values parsed as JSON, e.g. ``--lr_milestones [24,27]``, ``--subset null``), and ``initialize``,
+``run`` and ``finalize`` are evaluated in that order, as ``monai.bundle run`` does; the training log
+(MONAI ``StatsHandler``, one line per epoch) goes to stderr.
 ``python -m monai.bundle run --config_file bundles/cifar10lt_ce.json`` works too.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["load_bundle", "run_bundle", "main"]
 def load_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None):
     """Parse a bundle file into a MONAI ``ConfigParser`` with ``overrides`` applied.
 
-    Keys are top-level settings (``epochs``) or nested ids (``experiment#n_bootstrap``).
+    Keys are top-level settings (``epochs``) or nested ids (``evaluation#n_bootstrap``).
     """
     path = Path(path)
     if not path.is_file():
@@ -43,8 +44,14 @@ def load_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None):
 
 
 def run_bundle(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Any:
-    """Parse ``path`` with ``overrides`` and evaluate its ``run`` entry; returns its last item's value."""
-    result = load_bundle(path, overrides).get_parsed_content("run")
+    """Parse ``path`` with ``overrides``, evaluate its ``initialize`` (seeding, a writable output folder), ``run``
+    and ``finalize`` entries; returns the last value of ``run``."""
+    parser = load_bundle(path, overrides)
+    if "initialize" in parser:
+        parser.get_parsed_content("initialize")
+    result = parser.get_parsed_content("run")
+    if "finalize" in parser:
+        parser.get_parsed_content("finalize")
     return result[-1] if isinstance(result, list) else result
 
 

@@ -1,9 +1,10 @@
 """ignite handlers of the CIFAR ``train#handlers`` that talk to the run: MLflow epoch metrics, checkpoint.
 
-Both read the experiment object (:class:`cifar_baselines.workflow.Stage1Run`) they are given: its
-``tracker`` (the open :class:`lungcal.tracking.RunTracker`, set when ``run`` starts), ``settings``
-and ``checkpoint_path()``. MONAI attaches handlers in list order, so put :class:`MLflowEpochLogger`
-after the ``ValidationHandler``: it then logs that epoch's validation metrics too.
+Each reads the bundle's ``workflow`` (:class:`cifar_baselines.workflow.Stage1Run`) it is given: its
+``tracker`` (the open :class:`lungcal.tracking.RunTracker`, set when ``run`` opens it), ``epoch_log``,
+``settings``, ``data`` and ``checkpoint_path()`` / ``selection_path()``. MONAI attaches handlers in list
+order, so put :class:`MLflowEpochLogger` after the ``ValidationHandler``: it then logs that epoch's
+validation metrics too.
 
 Under ``torchrun`` (``bundles/multi_gpu.json``) both act on rank 0 only (the metrics they read are
 already the whole epoch's, gathered by ignite), and the checkpoint holds the bare network's weights.
@@ -32,12 +33,12 @@ class MLflowEpochLogger:
     evaluator's metrics (``val/ece``, ``val/acc``, ...) to the run, at step ``epoch - 1``.
 
     Args:
-        experiment: the object whose ``tracker`` is the open run.
+        workflow: the run whose ``tracker`` is open (its ``epoch_log`` when bound).
         evaluator: the validation engine, or ``None``.
     """
 
-    def __init__(self, experiment, evaluator: Engine | None = None) -> None:
-        self.experiment, self.evaluator = experiment, evaluator
+    def __init__(self, workflow, evaluator: Engine | None = None) -> None:
+        self.workflow, self.evaluator = workflow, evaluator
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
@@ -49,18 +50,18 @@ class MLflowEpochLogger:
         metrics["lr"] = engine.optimizer.param_groups[0]["lr"]
         if self.evaluator is not None and self.evaluator.state.epoch == engine.state.epoch:
             metrics.update(self.evaluator.state.metrics)
-        log = getattr(self.experiment, "epoch_log", None) or self.experiment.tracker.log_metrics
+        log = getattr(self.workflow, "epoch_log", None) or self.workflow.tracker.log_metrics
         log(metrics, engine.state.epoch - 1)
 
 
 class CheckpointWriter:
-    """Writes ``{state_dict, settings, run_id}`` to ``experiment.checkpoint_path()`` when training completes.
+    """Writes ``{state_dict, settings, run_id}`` to ``workflow.checkpoint_path()`` when training completes.
 
     The state dict is saved contiguous and on the CPU; the file is written atomically.
     """
 
-    def __init__(self, experiment, network: torch.nn.Module) -> None:
-        self.experiment, self.network = experiment, network
+    def __init__(self, workflow, network: torch.nn.Module) -> None:
+        self.workflow, self.network = workflow, network
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.COMPLETED, self)
@@ -69,9 +70,9 @@ class CheckpointWriter:
         if not is_rank_zero():
             return
         state = {k: v.detach().cpu().contiguous() for k, v in unwrap(self.network).state_dict().items()}
-        blob = {"state_dict": state, "settings": dict(self.experiment.settings),
-                "run_id": self.experiment.tracker.run_id}
-        with atomic_write(self.experiment.checkpoint_path()) as fh:
+        blob = {"state_dict": state, "settings": dict(self.workflow.settings),
+                "run_id": self.workflow.tracker.run_id}
+        with atomic_write(self.workflow.checkpoint_path()) as fh:
             torch.save(blob, fh)
 
 
@@ -80,7 +81,7 @@ class EpochSelection:
 
     Logs ``epoch_test/acc`` and ``epoch_test/ece`` (float32, no augmentation) at step ``epoch - 1``, so the
     test curve sits beside the validation curve in MLflow. It keeps two weight files beside the checkpoint
-    (``experiment.selection_path(kind)`` for ``kind`` in :data:`SELECTIONS`): the epoch of the highest
+    (``workflow.selection_path(kind)`` for ``kind`` in :data:`SELECTIONS`): the epoch of the highest
     validation accuracy (``best_val``, a model selection that never looks at test), and the epoch of the
     highest test accuracy (``best_test``: MiSLAS reports that epoch; a report labels it as MiSLAS's convention,
     since choosing on test flatters the number). Ties keep the earlier epoch. A resumed run reads the files
@@ -89,8 +90,8 @@ class EpochSelection:
     Put it after the ``ValidationHandler`` (it reads that epoch's ``val/acc``). Rank 0 alone scores.
     """
 
-    def __init__(self, experiment, network: torch.nn.Module, evaluator: Engine, n_bins: int = 15) -> None:
-        self.experiment, self.network, self.evaluator, self.n_bins = experiment, network, evaluator, int(n_bins)
+    def __init__(self, workflow, network: torch.nn.Module, evaluator: Engine, n_bins: int = 15) -> None:
+        self.workflow, self.network, self.evaluator, self.n_bins = workflow, network, evaluator, int(n_bins)
         self.best: dict[str, tuple[float, int]] | None = None
 
     def attach(self, engine: Engine) -> None:
@@ -99,7 +100,7 @@ class EpochSelection:
     def _load_best(self) -> dict[str, tuple[float, int]]:
         best = {}
         for kind in SELECTIONS:
-            path = Path(self.experiment.selection_path(kind))
+            path = Path(self.workflow.selection_path(kind))
             if path.is_file():
                 blob = torch.load(path, map_location="cpu", weights_only=True)
                 best[kind] = (float(blob["score"]), int(blob["epoch"]))
@@ -111,11 +112,11 @@ class EpochSelection:
         if self.best is None:
             self.best = self._load_best()
         epoch, module = engine.state.epoch, unwrap(self.network)
-        x, y = self.experiment.data.test_x, self.experiment.data.test_y.cpu()
-        p = torch.softmax(predict(module, x, channels_last=self.experiment.channels_last).double(), 1).numpy()
+        x, y = self.workflow.data.test_x, self.workflow.data.test_y.cpu()
+        p = torch.softmax(predict(module, x, channels_last=self.workflow.channels_last).double(), 1).numpy()
         test_acc = accuracy(p, y.numpy())
         metrics = {"epoch_test/acc": test_acc, "epoch_test/ece": ece(p, y.numpy(), n_bins=self.n_bins)}
-        log = getattr(self.experiment, "epoch_log", None) or self.experiment.tracker.log_metrics
+        log = getattr(self.workflow, "epoch_log", None) or self.workflow.tracker.log_metrics
         log(metrics, epoch - 1)
         scores = {"best_test": test_acc}
         if self.evaluator.state.epoch == epoch and "val/acc" in self.evaluator.state.metrics:
@@ -124,5 +125,5 @@ class EpochSelection:
             if kind not in self.best or score > self.best[kind][0]:
                 self.best[kind] = (score, epoch)
                 state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-                with atomic_write(self.experiment.selection_path(kind)) as fh:
+                with atomic_write(self.workflow.selection_path(kind)) as fh:
                     torch.save({"state_dict": state, "epoch": epoch, "score": score}, fh)

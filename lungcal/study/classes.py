@@ -1,7 +1,7 @@
 """Report section ``classes``: where a model loses accuracy, per class and per many / medium / few group.
 
 For each configuration of the report whose run logged multi-class predictions
-(``predictions/{split}.npz``): the accuracy, the mean per-class accuracy of each group of classes
+(``predictions/{split}_predictions.npz``): the accuracy, the mean per-class accuracy of each group of classes
 with a 95% bootstrap CI (resampling the test cases), and the accuracy of each class
 (:mod:`lungcal.calibration.class_accuracy`). The groups are MiSLAS's index ranges for CIFAR-10-LT
 (many: classes 0-2, 4,500-1,796 training images; medium: 3-6, 1,077-232; few: 7-9, 139-50); other
@@ -16,6 +16,7 @@ import numpy as np
 from lungcal.calibration.class_accuracy import group_accuracy, per_class_accuracy
 from lungcal.study.differences import load_predictions
 from lungcal.study.sections import Config
+from lungcal.tracking.names import predictions_artifact
 
 __all__ = ["GROUPS", "class_lines"]
 
@@ -75,5 +76,6 @@ def class_lines(client, configs: Sequence[Config], split: str = "test", n_bootst
             lines += [_row(["configuration", *map(str, range(width))]),
                       "|---|" + "---|" * width, *per_class, ""]
         if skipped:
-            lines += [f"No multi-class predictions/{split}.npz (left out): " + ", ".join(skipped) + ".", ""]
+            lines += [f"No multi-class {predictions_artifact(split, 'npz')} (left out): " + ", ".join(skipped) + ".",
+                      ""]
     return lines

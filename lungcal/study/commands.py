@@ -77,8 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "compare", help="paired bootstrap of two runs' predictions on the same cases: A - B with 95%% CIs",
         description="Paired bootstrap of metric(A) - metric(B) for two models scored on the same cases\n"
-        "(resampled jointly). A and B are MLflow run IDs (their logged predictions/<split>.npz or\n"
-        "<split>_predictions.csv) or such files; they must hold the same cases with the same labels.",
+        "(resampled jointly). A and B are MLflow run IDs (their logged predictions/<split>_predictions.npz\n"
+        "or .csv) or such files; they must hold the same cases with the same labels.",
         epilog="example:\n  lungcal compare <run A> <run B> --metrics auc ece brier",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a", metavar="A", help="run ID or predictions file of model A")

@@ -11,7 +11,7 @@ the honest comparison is the paired bootstrap of the difference
 
 Runs are paired by seed (the ``seed`` param); each claim is reported per seed with its 95% CI and
 as a mean over seeds. Predictions come from the artifacts every run logs:
-``predictions/{split}.npz`` (CIFAR: ``probs``, ``labels``) or
+``predictions/{split}_predictions.npz`` (CIFAR: ``probs``, ``labels``) or
 ``predictions/{split}_predictions.csv`` (CT: ``subject, label, probability``, aligned by subject).
 
 :func:`compare_predictions` is the same paired bootstrap for any two runs or predictions files
@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.metrics import accuracy, paired_bootstrap_diff
 from lungcal.errors import DataError
-from lungcal.tracking.names import TAG_DATASET, TAG_STAGE1, TAG_STAGE2
+from lungcal.tracking.names import TAG_DATASET, TAG_STAGE1, TAG_STAGE2, predictions_artifact
 from lungcal.tracking.tracker import default_tracking_uri, open_store
 
 __all__ = ["Claim", "read_predictions", "load_predictions", "predictions_of", "compare_predictions", "study_bins",
@@ -77,7 +77,7 @@ def read_predictions(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarra
                 np.array([int(r["label"]) for r in rows]))
     except OSError as exc:
         raise DataError(f"cannot read predictions ({exc.strerror})", file=path,
-                        fix="pass a run's predictions/<split>.npz or <split>_predictions.csv") from exc
+                        fix="pass a run's predictions/<split>_predictions.npz or .csv") from exc
     except (KeyError, ValueError) as exc:
         raise DataError(f"not a predictions file ({exc})", file=path,
                         fix="a .npz with probs and labels, or a CSV with subject,label,probability") from exc
@@ -86,7 +86,7 @@ def read_predictions(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarra
 def load_predictions(client: MlflowClient, run_id: str, split: str = "test") -> tuple[list[str], np.ndarray,
                                                                                       np.ndarray] | None:
     """``(case ids, probs (N, C) or (N,), labels)`` from a run's logged predictions, or ``None``."""
-    for name in (f"predictions/{split}.npz", f"predictions/{split}_predictions.csv"):
+    for name in (predictions_artifact(split, "npz"), predictions_artifact(split, "csv")):
         try:
             local = Path(client.download_artifacts(run_id, name))
         except Exception:  # noqa: BLE001 - the run did not log this format
@@ -109,7 +109,7 @@ def predictions_of(source: str, split: str = "test", tracking_uri: str | None = 
                         fix="pass a run ID (with --tracking-uri for another store) or a predictions file") from exc
     found = load_predictions(client, source, split)
     if found is None:
-        raise DataError(f"run {source} logged no predictions/{split}.npz or {split}_predictions.csv",
+        raise DataError(f"run {source} logged no {predictions_artifact(split, 'npz')} or .csv",
                         field="--split", fix="choose a split the run scored, e.g. --split test")
     return found
 

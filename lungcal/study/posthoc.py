@@ -2,7 +2,7 @@
 
 Why one temperature may not calibrate a long-tailed model on a balanced test set
 (:mod:`lungcal.calibration.posthoc`): for each stage-1 configuration of the report whose run logged
-its ``class_counts`` and ``predictions/{val,test}.npz`` (the CIFAR runs), every fix of
+its ``class_counts`` and ``predictions/{val,test}_predictions.npz`` (the CIFAR runs), every fix of
 :data:`~lungcal.calibration.posthoc.POSTHOC_METHODS` is fitted on the validation logits and scored
 on the test logits: ACC, ECE with its CI, mean confidence and NLL, and the paired-bootstrap
 difference of ECE and ACC against ``none`` on the same test images. The finished LAS runs on that
@@ -22,15 +22,15 @@ from lungcal.calibration.posthoc import POSTHOC_METHODS, posthoc_probs
 from lungcal.calibration.scaling import probabilities
 from lungcal.study.differences import format_diff, study_bins
 from lungcal.study.sections import Config
-from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2
+from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2, predictions_artifact
 
 __all__ = ["load_logits", "las_runs", "posthoc_lines"]
 
 
 def load_logits(client, run_id: str, split: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(logits (N, C) float64, labels)`` from a run's ``predictions/{split}.npz``, or ``None``."""
+    """``(logits (N, C) float64, labels)`` from a run's ``predictions/{split}_predictions.npz``, or ``None``."""
     try:
-        local = Path(client.download_artifacts(run_id, f"predictions/{split}.npz"))
+        local = Path(client.download_artifacts(run_id, predictions_artifact(split, "npz")))
     except Exception:  # noqa: BLE001 - the run did not log them
         return None
     with np.load(local, allow_pickle=False) as z:
@@ -110,4 +110,5 @@ def posthoc_lines(client, configs: Sequence[Config], split: str = "test", n_boot
              "them.", ""]
     tables = [t for t in (_table(client, c, split, n_bootstrap) for c in configs if c.stage2 == "none") if t]
     return lines + ([line for t in tables for line in t] if tables else
-                    ["No stage-1 run with class_counts and predictions/{val,test}.npz (CIFAR runs log them).", ""])
+                    ["No stage-1 run with class_counts and predictions/{val,test}_predictions.npz "
+                     "(CIFAR runs log them).", ""])

@@ -1,5 +1,7 @@
-"""The CIFAR bundles: recipe values, the objects they define, swaps by config alone, tiny runs of each."""
+"""The CIFAR bundles: recipe values, the objects they define, the keys they share with the CT bundles, swaps by
+config alone, tiny runs of each."""
 import json
+import pydoc
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +18,18 @@ from cifar_baselines.resnet import resnet32
 from cifar_baselines.workflow import LASRun, Stage1Run
 from lungcal.calibration.handlers import CalibrationMetrics
 from lungcal.calibration.losses import FocalLoss, LabelAwareSmoothingLoss
-from lungcal.calibration.scaling import TemperatureScaler
 from lungcal.errors import ConfigError
+from lungcal.runtime.exit_hook import find_lungcal_error
+from lungcal.tracking import TAG_CALIBRATOR, TAG_PARENT
+from lungcal.workflow import Evaluation, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ["ce", "focal", "mixup", "focal_mixup"]
 TINY = {"epochs": 1, "warmup_epochs": 1, "lr_milestones": [1], "batch_size": 32, "subset": 100,
         "n_bootstrap": 10, "val_per_class": 5}
+STAGE1_BUNDLES = [f"{d}_{m}" for d in ("cifar10", "cifar10lt") for m in METHODS]
+#: the keys of the shared skeleton (lungcal.workflow), the same in the CT and the CIFAR bundles
+SHARED_KEYS = ("workflow", "post_hoc", "initialize", "settings", "store", "evaluation")
 
 
 @pytest.fixture(autouse=True)
@@ -60,8 +67,10 @@ def test_stage1_bundles_define_the_recipe(dataset, method, fake_cifar):
     assert isinstance(evaluator, SupervisedEvaluator)
     metric = p.get_parsed_content("validate#key_metric")["val/ece"]
     assert isinstance(metric, CalibrationMetrics) and metric.n_bins == 15
-    assert isinstance(p.get_parsed_content("posthoc"), TemperatureScaler)
-    assert isinstance(p.get_parsed_content("experiment"), Stage1Run)
+    ev = p.get_parsed_content("evaluation")
+    assert isinstance(ev, Evaluation) and (ev.n_bins, ev.n_bootstrap, ev.seed, ev.post_hoc) == (15, 1000, 0, ["ts"])
+    assert isinstance(p.get_parsed_content("store"), Store)
+    assert isinstance(p.get_parsed_content("workflow"), Stage1Run)
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar10lt"])
@@ -70,6 +79,49 @@ def test_las_bundles_define_the_recipe(dataset):
     assert (raw["epochs"], raw["lr"], raw["shift_bn"], raw["las_shape"]) == (10, 0.05, True, "concave")
     assert (raw["smooth_head"], raw["smooth_tail"]) == ((0.3, 0.0) if dataset == "cifar10lt" else (0.1, 0.1))
     assert raw["stage1_run_id"] is None and "parent_run" not in raw and "head_lr" not in raw
+
+
+def _targets(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from [value] if key == "_target_" else _targets(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _targets(value)
+
+
+@pytest.mark.parametrize("name", [*STAGE1_BUNDLES, "cifar10_las", "cifar10lt_las"])
+def test_cifar_and_ct_bundles_share_the_skeleton_keys(name):
+    """Issue 33: both halves run the skeleton from the same keys: ``workflow`` (the run object), a ``post_hoc``
+    list (stage 1), seeding in ``initialize``, ``settings`` by reference, ``store``, ``evaluation``, and only
+    fully qualified ``_target_``s."""
+    ct = json.loads((ROOT / "bundles" / "nlst_focal.json").read_text())
+    cifar = load_bundle(f"bundles/{name}.json").get()  # '%' macros expanded
+    keys = [k for k in SHARED_KEYS if k != "post_hoc"] if name.endswith("_las") else SHARED_KEYS
+    assert set(SHARED_KEYS) <= set(ct) and set(keys) <= set(cifar)
+    assert "experiment" not in cifar and "posthoc" not in cifar
+    for cfg in (ct, cifar):
+        assert cfg["store"]["_target_"] == "lungcal.workflow.Store"
+        assert cfg["evaluation"]["_target_"] == "lungcal.workflow.Evaluation"
+        assert any("seed_everything(@seed)" in x for x in cfg["initialize"])
+        assert all(x.startswith("$@workflow.run(") for x in cfg["run"])  # seeding is not a run step
+        assert all(isinstance(v, (str, int, float, bool, list, type(None))) for v in cfg["settings"].values())
+        for target in _targets(cfg):
+            assert "." in target and pydoc.locate(target) is not None, target  # a full, importable path
+    if "post_hoc" in keys:
+        assert cifar["post_hoc"] == ct["post_hoc"] == ["ts"]
+        assert cifar["evaluation"]["post_hoc"] == ct["evaluation"]["post_hoc"] == "@post_hoc"
+    else:
+        assert cifar["evaluation"]["post_hoc"] == []  # LAS is stage 2 itself: no post-hoc runs
+
+
+def test_post_hoc_names_reach_the_evaluation(fake_cifar):
+    p = load_bundle("bundles/cifar10lt_ce.json", {"post_hoc": ["vector", "ts"], "data_dir": str(fake_cifar)})
+    assert p.get_parsed_content("evaluation").post_hoc == ["vector", "ts"]
+    with pytest.raises(Exception) as info:
+        load_bundle("bundles/cifar10lt_ce.json", {"post_hoc": ["tz"]}).get_parsed_content("evaluation")
+    error = find_lungcal_error(info.value)  # MONAI wraps what a constructor raises
+    assert isinstance(error, ConfigError) and error.field == "post_hoc"
 
 
 def test_unknown_override_is_config_error():
@@ -94,6 +146,19 @@ def test_each_stage1_bundle_runs_tiny(dataset, method, store):
     assert res["test_ts"]["acc"] == pytest.approx(res["test"]["acc"])  # TS never changes the argmax
     run = MlflowClient(store["tracking_uri"]).get_run(res["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["lungcal.stage1"] == method
+
+
+def test_post_hoc_list_makes_one_child_run_per_name(store):
+    """``post_hoc`` names the calibrators: each is fitted on validation in its own run under the stage-1 run."""
+    res = run_bundle("bundles/cifar10lt_ce.json", {**store, **TINY, "post_hoc": ["ts", "vector"]})
+    assert list(res["post_hoc"]) == ["ts", "vector"] and res["ts_run_id"] == res["post_hoc"]["ts"]["run_id"]
+    client = MlflowClient(store["tracking_uri"])
+    for name, r in res["post_hoc"].items():
+        run = client.get_run(r["run_id"])
+        assert run.data.tags[TAG_CALIBRATOR] == name and run.data.tags["lungcal.stage2"] == name
+        assert run.data.tags[TAG_PARENT] == res["run_id"] and run.data.params["fit_split"] == "val"
+        assert run.data.metrics["test/ece"] == pytest.approx(r["test"]["ece"])
+    assert "temperature" not in client.get_run(res["post_hoc"]["vector"]["run_id"]).data.metrics
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "cifar10lt"])
@@ -159,7 +224,7 @@ def test_a_stage1_checkpoint_feeds_las_and_ckpt_export(store, tmp_path):
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(exported(x), net(x))
     p = load_bundle("bundles/cifar10_las.json", {**store, "checkpoint": s1["checkpoint"]})
-    assert isinstance(p.get_parsed_content("experiment"), LASRun)
+    assert isinstance(p.get_parsed_content("workflow"), LASRun)
     assert isinstance(p.get_parsed_content("loss"), LabelAwareSmoothingLoss)
     params = p.get_parsed_content("optimizer").param_groups[0]["params"]
     net = p.get_parsed_content("network")

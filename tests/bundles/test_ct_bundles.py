@@ -218,7 +218,7 @@ def test_loss_swap_by_config_is_the_loss_the_trainer_uses(tiny_cohort, store, mo
     run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store, run_name="t-ce-ref"))
     run_bundle("nlst_ce", monkeypatch, **tiny(tiny_cohort, store, run_name="t-ce-adaptive", loss=adaptive))
     ref, swapped = _stage1_run(store, "t-ce-ref"), _stage1_run(store, "t-ce-adaptive")
-    assert ref.data.params["loss._target_"] == "torch.nn.CrossEntropyLoss"
+    assert ref.data.params["loss._target_"] == "torch.nn.modules.loss.CrossEntropyLoss"  # the class the run used
     assert swapped.data.params["loss._target_"] == "lungcal.calibration.losses.FocalLossAdaptiveGamma"
     # same seed, same first batches: focal terms (1 - p)^gamma < 1 make every per-sample loss smaller than CE's
     assert swapped.data.metrics["train/loss"] < ref.data.metrics["train/loss"]

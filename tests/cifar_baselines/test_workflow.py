@@ -13,6 +13,10 @@ from cifar_baselines.data import COPY_UNVERIFIED, load_splits, pixel_hash
 from cifar_baselines.workflow import load_stage1
 from lungcal.calibration.metrics import calibration_report
 from lungcal.errors import ConfigError
+from lungcal.study.differences import load_predictions
+from lungcal.study.posthoc import load_logits
+from lungcal.study.report import reliability_png, risk_coverage_png
+from lungcal.tracking import TAG_CALIBRATOR, plot_artifact, predictions_artifact
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,10 +48,11 @@ def test_stage1_and_ts_runs_are_tracked(stage1):
     assert r1.data.tags["lungcal.dataset"] == "cifar10lt" and r1.data.tags["lungcal.stage1"] == "focal_mixup"
     assert r1.data.tags["lungcal.site"] == "cifar"
     assert r1.data.tags["lungcal.stage2"] == "none" and r2.data.tags["lungcal.stage2"] == "ts"
-    assert r2.data.tags["lungcal.parent_run"] == r1.info.run_id
+    assert r2.data.tags["lungcal.parent_run"] == r1.info.run_id and r2.data.tags[TAG_CALIBRATOR] == "ts"
     for key in ("test/ece", "test/acc", "test/ece_ci_low", "test/mean_confidence", "val/ece"):
         assert key in r1.data.metrics and key in r2.data.metrics
     assert "temperature" in r2.data.metrics and "train_wall_s" in r1.data.metrics
+    assert r2.data.params["fit_split"] == "val" and r1.data.params["post_hoc"] == '["ts"]'
     params = r1.data.params
     assert params["method"] == "focal_mixup" and params["epochs"] == "2" and params["weight_decay"] == "0.0002"
     assert params["focal_alpha"] == "None" and params["mixup_alpha"] == "1.0" and "wd" not in params
@@ -57,13 +62,19 @@ def test_stage1_and_ts_runs_are_tracked(stage1):
         assert [m.step for m in c.get_metric_history(r1.info.run_id, name)][:2] == [0, 1], name
     arts = {a.path for a in c.list_artifacts(r1.info.run_id)}
     assert {"model", "predictions", "config", "plots"} <= arts
-    assert {a.path for a in c.list_artifacts(r1.info.run_id, "predictions")} == {
-        "predictions/val.npz", "predictions/test.npz"}
+    for run in (r1, r2):  # the shared names (lungcal.tracking.names), so that `lungcal report` finds them
+        assert {a.path for a in c.list_artifacts(run.info.run_id, "predictions")} == {
+            predictions_artifact("val", "npz"), predictions_artifact("test", "npz")}
+        assert {a.path for a in c.list_artifacts(run.info.run_id, "plots")} == {
+            plot_artifact(s, k) for s in ("val", "test") for k in ("reliability", "risk_coverage")}
+    assert {a.path for a in c.list_artifacts(r2.info.run_id, "calibrator")} == {
+        "calibrator/ts.json", "calibrator/temperature.json"}
     assert r1.info.status == "FINISHED" and r2.info.status == "FINISHED"
 
 
 def test_stage1_prints_its_test_numbers_run_ids_and_the_las_command(stage1):
-    """A run that ends hours after it started says what it measured and the ID the LAS stage needs."""
+    """A run that ends hours after it started says what it measured, what TS changed (a paired difference)
+    and the ID the LAS stage needs."""
     common, res, printed = stage1
     lines = printed.splitlines()
     start = lines.index("== cifar_baselines cifar10lt focal_mixup ==")
@@ -73,18 +84,35 @@ def test_stage1_prints_its_test_numbers_run_ids_and_the_las_command(stage1):
         assert f"test ACC {100 * report['acc']:.2f}% [{100 * report['acc_ci_low']:.2f}, " in row
         assert f"ECE15 {100 * report['ece']:.2f}% [{100 * report['ece_ci_low']:.2f}, " in row
         assert f"(n={int(report['n'])})" in row
-    assert f"MLflow runs        {res['run_id']}, {res['ts_run_id']}" in summary
+    assert f"{res['run_id']} (stage 1), {res['ts_run_id']} (+TS)" in summary
     assert f"mlflow ui --backend-store-uri {common['tracking_uri']}" in summary
-    assert (f"next               python -m monai.bundle run --config_file bundles/cifar10lt_las.json "
+    assert (f"python -m monai.bundle run --config_file bundles/cifar10lt_las.json "
             f"--stage1_run_id {res['run_id']} --output_dir {common['output_dir']} "
             f"--tracking_uri {common['tracking_uri']}") in summary
+    d = res["post_hoc"]["ts"]["ece_diff"]
+    assert f"ECE TS - none  {100 * d['diff']:+.2f}% [{100 * d['ci_low']:+.2f}, {100 * d['ci_high']:+.2f}]" in summary
+    assert d["diff"] == pytest.approx(res["test_ts"]["ece"] - res["test"]["ece"])
+
+
+def test_the_report_finds_the_cifar_plots_and_predictions_by_name(stage1):
+    """``lungcal report`` reads a CIFAR run by the shared artifact names, as it reads a CT run."""
+    common, res, _ = stage1
+    c = MlflowClient(common["tracking_uri"])
+    for run_id in (res["run_id"], res["ts_run_id"]):
+        for split in ("val", "test"):
+            assert reliability_png(c, run_id, split).startswith(b"\x89PNG")
+            assert risk_coverage_png(c, run_id, split).startswith(b"\x89PNG")
+    _, probs, labels = load_predictions(c, res["ts_run_id"], "test")
+    logits, labels2 = load_logits(c, res["run_id"], "test")
+    assert probs.shape == logits.shape == (len(labels), 10) and (labels == labels2).all()
+    assert reliability_png(c, res["run_id"], "train") is None  # a plot the run did not log
 
 
 def test_epoch_metrics_match_the_final_report(stage1):
     """The evaluator's last-epoch val metrics are the final val report's (same float32 logits)."""
     common, res, _ = stage1
     c = MlflowClient(common["tracking_uri"])
-    npz = np.load(c.download_artifacts(res["run_id"], "predictions/val.npz"))
+    npz = np.load(c.download_artifacts(res["run_id"], predictions_artifact("val", "npz")))
     rep = calibration_report(npz["probs"].astype(np.float64), npz["labels"], n_bins=15, n_bootstrap=0)
     last = {n: c.get_metric_history(res["run_id"], n) for n in ("val/mean_confidence", "val/acc")}
     last = {n: [m.value for m in h if m.step == 1][0] for n, h in last.items()}
@@ -99,7 +127,7 @@ def test_las_from_the_stage1_run_and_from_its_checkpoint(stage1, capsys):
                                                     "stage1_run_id": res["run_id"], "epochs": 1})
     printed = capsys.readouterr().out
     assert "== cifar_baselines cifar10lt focal_mixup + LAS ==" in printed
-    assert f"MLflow runs        {las['run_id']}\n" in printed
+    assert f"{las['run_id']} (LAS)\n" in printed
     assert f"ECE15 {100 * las['test']['ece']:.2f}%" in printed
     assert f"lungcal report --experiment cifar10lt --tracking-uri {common['tracking_uri']}" in printed
     r3 = c.get_run(las["run_id"])

@@ -77,10 +77,12 @@ def test_the_default_masker_object_keeps_the_key_and_another_masker_changes_it(t
 
 def test_the_bundle_sections_hold_the_documented_defaults():
     common = json.loads((ROOT / "bundles" / "nlst_focal.json").read_text())
+    inference = json.loads((ROOT / "bundles" / "inference.json").read_text())
     parser = ConfigParser({"qc": common["qc"], "masker": common["preprocessing"]["masker"]})
     assert parser.get_parsed_content("qc") == QCConfig()
     assert parser.get_parsed_content("masker") == LungMasker()
-    assert common["cohort"]["qc"] == common["inference"]["qc"] == "@qc"
+    assert common["cohort"]["qc"] == inference["workflow"]["qc"] == "@qc"
+    assert inference["qc"] == "%bundles/nlst_focal.json#qc"  # inference checks series as training does
 
 
 # --- series checks over a datalist -------------------------------------------------------------------------------

@@ -70,6 +70,6 @@ def test_cli_compares_files_and_runs(two_models, tmp_path, capsys):
     assert main(["compare", tr.run_id, str(b), "--tracking-uri", uri, "--n-bootstrap", "200"]) == 0
     assert "auc: A - B = " in capsys.readouterr().out
     assert main(["compare", tr.run_id, str(b), "--tracking-uri", uri, "--split", "val"]) == 2
-    assert f"run {tr.run_id} logged no predictions/val.npz" in capsys.readouterr().err
+    assert f"run {tr.run_id} logged no predictions/val_predictions.npz or .csv" in capsys.readouterr().err
     assert main(["compare", "no-such-run", str(b), "--tracking-uri", uri]) == 2
     assert "neither a predictions file nor a run" in capsys.readouterr().err

@@ -31,11 +31,11 @@ def _log_predictions(uri, tmp_path, pred, y):
     """A finished CE stage-1 run of cifar10lt whose logged test predictions have argmax ``pred``."""
     probs = np.full((len(y), 10), 0.01)
     probs[np.arange(len(y)), pred] = 0.91
-    np.savez(tmp_path / "test.npz", logits=np.log(probs), probs=probs, labels=y)
+    np.savez(tmp_path / "test_predictions.npz", logits=np.log(probs), probs=probs, labels=y)
     tags = {TAG_DATASET: "cifar10lt", TAG_STAGE1: "ce", TAG_STAGE2: "none"}
     with RunTracker("cifar10lt", "ce-none", tracking_uri=uri, tags=tags) as tr:
         tr.log_metrics({"test/ece": 0.1})
-        tr.log_artifact(tmp_path / "test.npz", "predictions")
+        tr.log_artifact(tmp_path / "test_predictions.npz", "predictions")
 
 
 def test_classes_section_is_sklearn_recall_per_class_and_group(tmp_path, capsys):

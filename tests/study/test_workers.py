@@ -136,7 +136,8 @@ def _thread_runner(uri: str, events: list, barrier: threading.Barrier, fail: set
     lock = threading.Lock()
 
     def runner(bundle, overrides, cwd, log, env=None):
-        method = json.loads(bundle.read_text())["stage1"] if bundle.name != "nlst_las.json" else None
+        last = bundle[-1]  # a stage-1 job runs [base, variant]; the variant names the method
+        method = json.loads(last.read_text())["stage1"] if last.name != "nlst_las.json" else None
         kind = "las" if method is None else "stage1"
         if method is None:
             client = MlflowClient(tracking_uri=uri)
