@@ -89,7 +89,7 @@ class BatchIterator:
         self._class_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        n = len(self.x) if self.index_sampler is None else len(self.index_sampler)
+        n = len(self.x) if self.index_sampler is None else len(self.index_sampler)  # type: ignore[arg-type]  # the samplers used here are sized
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def order(self) -> torch.Tensor:

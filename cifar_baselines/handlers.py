@@ -47,7 +47,7 @@ class MLflowEpochLogger:
         if not is_rank_zero():  # the run is rank 0's
             return
         metrics = dict(engine.state.metrics)
-        metrics["lr"] = engine.optimizer.param_groups[0]["lr"]
+        metrics["lr"] = engine.optimizer.param_groups[0]["lr"]  # type: ignore[attr-defined]  # a MONAI trainer
         if self.evaluator is not None and self.evaluator.state.epoch == engine.state.epoch:
             metrics.update(self.evaluator.state.metrics)
         log = getattr(self.workflow, "epoch_log", None) or self.workflow.tracker.log_metrics

@@ -12,7 +12,7 @@ import torch
 __all__ = ["lr_at", "warmup_step_lr"]
 
 
-def lr_at(epoch: float, base_lr: float, warmup_epochs: float = 5, milestones: Sequence[int] = (160, 180),
+def lr_at(epoch: float, base_lr: float, warmup_epochs: float = 5, milestones: Sequence[float] = (160, 180),
           gamma: float = 0.1) -> float:
     """Learning rate at a (fractional) epoch: linear warm-up to ``base_lr``, then step decay.
 
@@ -29,6 +29,6 @@ def warmup_step_lr(optimizer: torch.optim.Optimizer, steps_per_epoch: int, warmu
                    milestones: Sequence[int] = (160, 180), gamma: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
     """:func:`lr_at` as a per-iteration ``LambdaLR``: iteration ``k`` runs at ``lr_at(k / steps_per_epoch)``."""
     steps = max(1, int(steps_per_epoch))
-    milestones = [float(m) for m in milestones]
+    at = [float(m) for m in milestones]
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: lr_at(k / steps, 1.0, float(warmup_epochs), milestones, float(gamma)))
+        optimizer, lambda k: lr_at(k / steps, 1.0, float(warmup_epochs), at, float(gamma)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from ignite.metrics import Loss
@@ -87,9 +88,10 @@ def predict(network: torch.nn.Module, x_uint8: torch.Tensor, *, batch_size: int 
     for i in range(0, len(x_uint8), batch_size):
         xb = prepare_images(x_uint8[i:i + batch_size].to(device, non_blocking=True), channels_last)
         if features:
-            f = network.features(xb)
+            split: Any = network  # a network with features() / head (cifar_baselines.resnet), not any Module
+            f = split.features(xb)
             feats.append(f.float().cpu())
-            outs.append(network.head(f).float().cpu())
+            outs.append(split.head(f).float().cpu())
         else:
             outs.append(network(xb).float().cpu())
     network.train(was_training)

@@ -151,7 +151,7 @@ def _report(args: argparse.Namespace) -> int:
     res = build_report(args.experiment, args.out, tracking_uri=args.tracking_uri, split=args.split,
                        log_run=not args.no_log, sections=parse_sections(args.sections),
                        n_bootstrap=args.n_bootstrap)
-    print(Path(res["markdown"]).read_text())
+    print(Path(str(res["markdown"])).read_text())
     print(f"wrote {res['markdown']}\n      {res['csv']}\n      {res['html']}")
     if res["run_id"]:
         print(f"logged as MLflow run {res['run_id']} (experiment {args.experiment})")

@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.metrics import accuracy, paired_bootstrap_diff
 from lungcal.errors import DataError
-from lungcal.tracking.names import TAG_DATASET, TAG_STAGE1, TAG_STAGE2, predictions_artifact
+from lungcal.tracking.names import TAG_DATASET, TAG_STAGE1, TAG_STAGE2, predictions_artifact, predictions_artifacts
 from lungcal.tracking.tracker import default_tracking_uri, open_store
 
 __all__ = ["Claim", "read_predictions", "load_predictions", "predictions_of", "compare_predictions", "study_bins",
@@ -86,7 +86,7 @@ def read_predictions(path: str | Path) -> tuple[list[str], np.ndarray, np.ndarra
 def load_predictions(client: MlflowClient, run_id: str, split: str = "test") -> tuple[list[str], np.ndarray,
                                                                                       np.ndarray] | None:
     """``(case ids, probs (N, C) or (N,), labels)`` from a run's logged predictions, or ``None``."""
-    for name in (predictions_artifact(split, "npz"), predictions_artifact(split, "csv")):
+    for name in (*predictions_artifacts(split, "npz"), predictions_artifact(split, "csv")):
         try:
             local = Path(client.download_artifacts(run_id, name))
         except Exception:  # noqa: BLE001 - the run did not log this format

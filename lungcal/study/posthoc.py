@@ -22,16 +22,20 @@ from lungcal.calibration.posthoc import POSTHOC_METHODS, posthoc_probs
 from lungcal.calibration.scaling import probabilities
 from lungcal.study.differences import format_diff, study_bins
 from lungcal.study.sections import Config
-from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2, predictions_artifact
+from lungcal.tracking.names import TAG_PARENT, TAG_STAGE2, predictions_artifacts
 
 __all__ = ["load_logits", "las_runs", "posthoc_lines"]
 
 
 def load_logits(client, run_id: str, split: str) -> tuple[np.ndarray, np.ndarray] | None:
     """``(logits (N, C) float64, labels)`` from a run's ``predictions/{split}_predictions.npz``, or ``None``."""
-    try:
-        local = Path(client.download_artifacts(run_id, predictions_artifact(split, "npz")))
-    except Exception:  # noqa: BLE001 - the run did not log them
+    for name in predictions_artifacts(split, "npz"):
+        try:
+            local = Path(client.download_artifacts(run_id, name))
+            break
+        except Exception:  # noqa: BLE001 - the run did not log them under this name
+            continue
+    else:
         return None
     with np.load(local, allow_pickle=False) as z:
         if "logits" not in z:

@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from monai.bundle import run as monai_bundle_run
 from tqdm.auto import tqdm
@@ -260,7 +261,7 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
             if not path.is_file():
                 raise ConfigError("bundle not found", file=path, field="--stage1",
                                   fix=f"check the method name ({', '.join(STAGE1_METHODS)}) or --bundle-dir")
-        s1_products = [m for m in ("none", "ts") if m in stage2]
+        s1_products: list[str] = [m for m in ("none", "ts") if m in stage2]
         # LAS needs the stage-1 run, so a LAS-only request still plans stage 1 if absent
         needs_s1 = bool(s1_products) or ("las" in stage2 and "none" not in done)
         if needs_s1:
@@ -322,7 +323,8 @@ def inprocess_runner(bundle: Path | Sequence[Path], overrides: Mapping[str, obje
     try:
         os.chdir(cwd)
         os.environ.update(env or {})
-        monai_bundle_run(config_file=_config_file(bundle), **dict(overrides))
+        kwargs: dict[str, Any] = dict(overrides)  # bundle keys, as `--key value` on the command line
+        monai_bundle_run(config_file=_config_file(bundle), **kwargs)
         log.write_text(f"{bundle}: finished\n")
         return 0
     except Exception:  # noqa: BLE001 - a failing job is recorded, the study goes on
@@ -455,7 +457,8 @@ def run_study(plan: StudyPlan, progress: bool = True, workers: int = 1) -> list[
                 waiting.remove(i)
                 job = jobs[i]
                 dep = stage1_of.get(job.study_key) if job.kind == "las" else None
-                if dep is not None and results[dep].status == "failed":
+                dep_result = results[dep] if dep is not None else None
+                if dep_result is not None and dep_result.status == "failed":
                     record(i, JobResult(job, "failed", message="its stage-1 job failed"))
                     continue
                 launch = _prepare(plan, client, i, logs)

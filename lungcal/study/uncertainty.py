@@ -43,7 +43,8 @@ from lungcal.tracking.tracker import open_store
 
 __all__ = ["ENSEMBLE_BUNDLE", "score_models", "comparison_table", "compare_uncertainty"]
 
-ENSEMBLE_BUNDLE = "bundles/nlst_ensemble.json"
+#: the ensemble recipe: the complete focal bundle and the ensemble's override file over it
+ENSEMBLE_BUNDLE = ("bundles/nlst_focal.json", "bundles/nlst_ensemble.json")
 _COLUMNS = ("| method | ECE | AUC | NLL | Brier | AURC | mean H | mean MI | ΔECE vs single [95% CI] | "
             "models; test inference |")
 
@@ -108,9 +109,14 @@ def comparison_table(scored: Mapping[str, Any], labels, temps: Mapping[str, floa
     return lines, reports
 
 
-def _parser(bundle: str | Path, overrides: Mapping[str, Any]) -> ConfigParser:
+def _files(bundle: str | Path | Sequence[str | Path]) -> list[str]:
+    """A bundle's config files: one path, or a base and the files over it, in order."""
+    return [str(bundle)] if isinstance(bundle, (str, Path)) else [str(b) for b in bundle]
+
+
+def _parser(bundle: str | Path | Sequence[str | Path], overrides: Mapping[str, Any]) -> ConfigParser:
     parser = ConfigParser()
-    parser.read_config(str(bundle))
+    parser.read_config(_files(bundle))
     for k, v in overrides.items():
         parser[k] = v
     return parser
@@ -135,7 +141,8 @@ def _members(client, parent) -> list:
 
 def compare_uncertainty(parent_run: str | None = None, *, members: int = 3, epochs: int = 30, mc_samples: int = 20,
                         seed: int = 0, n_bootstrap: int = 1000, overrides: Mapping[str, Any] | None = None,
-                        shift_datalist: str | Path | None = None, bundle: str | Path = ENSEMBLE_BUNDLE) -> str:
+                        shift_datalist: str | Path | None = None,
+                        bundle: str | Path | Sequence[str | Path] = ENSEMBLE_BUNDLE) -> str:
     """Train (or reuse) a deep ensemble and compare the uncertainty methods; the Markdown text.
 
     Args:
@@ -157,7 +164,8 @@ def compare_uncertainty(parent_run: str | None = None, *, members: int = 3, epoc
     if parent_run is None:
         run_name = f"compare-uncertainty-{time.strftime('%Y%m%d-%H%M%S')}"
         t0 = time.perf_counter()
-        bundle_run(config_file=str(bundle), logging_file=False, ensemble_members=members, epochs=epochs,
+        no_logging_conf: Any = False  # MONAI skips its logging.conf on False (typed str | None)
+        bundle_run(config_file=_files(bundle), logging_file=no_logging_conf, ensemble_members=members, epochs=epochs,
                    run_name=run_name, **settings)
         t_train = time.perf_counter() - t0
         parent = _parent_run(client, run_name)

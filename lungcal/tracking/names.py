@@ -47,6 +47,7 @@ __all__ = [
     "metric_name",
     "plot_artifact",
     "predictions_artifact",
+    "predictions_artifacts",
 ]
 
 TAG_DATASET = "lungcal.dataset"
@@ -127,6 +128,13 @@ def plot_artifact(split: str, kind: str) -> str:
 def predictions_artifact(split: str, suffix: str = "csv") -> str:
     """``predictions/{split}_predictions.{suffix}``: one row per case (CT: CSV; CIFAR: ``npz`` of logits)."""
     return f"{PREDICTIONS_DIR}/{split}_predictions.{suffix}"
+
+
+def predictions_artifacts(split: str, suffix: str) -> tuple[str, ...]:
+    """Where a run may hold its ``split`` predictions, newest name first: :func:`predictions_artifact`, then the
+    name CIFAR runs used before 2026-12-04 (``predictions/{split}.npz``), so their stores stay readable."""
+    names = (predictions_artifact(split, suffix),)
+    return names + ((f"{PREDICTIONS_DIR}/{split}.npz",) if suffix == "npz" else ())
 
 
 def metric_name(split: str, metric: str) -> str:

@@ -257,7 +257,7 @@ def post_hoc_runs(host: Any, stage1_run_id: str, scores: SplitScores) -> list[Po
     """
     ev, names = host.evaluation, list(host.evaluation.post_hoc)
     binary = scores.val_logits.shape[1] == 2
-    source_prior = prevalence(scores.val_labels) if binary else None
+    source_prior = prevalence(scores.val_labels)  # logged for binary tasks only
     if binary:
         priors = {"val/prevalence": source_prior}
         if "train_labels" in scores.extra:
