@@ -81,7 +81,16 @@ from lungcal.tracking import (
     plot_artifact,
     predictions_artifact,
 )
-from lungcal.workflow import CIFAR_COLUMNS, Evaluation, PostHocResult, SplitScores, Store, TrackedStage1, summary_lines
+from lungcal.workflow import (
+    CIFAR_COLUMNS,
+    Evaluation,
+    PostHocResult,
+    SplitScores,
+    Store,
+    TrackedStage1,
+    post_hoc_lines,
+    summary_lines,
+)
 
 __all__ = ["SITE", "SPLIT_KEYS", "follow_epochs", "log_split", "load_stage1", "require_one_process",
            "trainable_head", "Stage1Model", "Stage1Run", "LASRun"]
@@ -272,14 +281,7 @@ class _CifarRun(TrackedStage1):
         ECE difference each calibrator makes (same images before and after, a paired bootstrap)."""
         text = summary_lines(title, rows, self.store.path, self.store.uri, runs, columns=CIFAR_COLUMNS,
                              next_steps=[next_step], prefix="cifar_baselines")
-        for r in post:
-            d = r["ece_diff"]
-            verdict = "significant" if d["significant"] else "not significant"
-            text += (f"\n  ECE {r['name'].upper()} - none  {100 * d['diff']:+.2f}% [{100 * d['ci_low']:+.2f}, "
-                     f"{100 * d['ci_high']:+.2f}]  paired bootstrap: {verdict}")
-        if self.resumed_from:
-            text += f"\n  resumed from epoch {self.resumed_from}"
-        return text
+        return text + post_hoc_lines(post, self.resumed_from, percent=True)
 
 
 class Stage1Run(_CifarRun):

@@ -13,7 +13,7 @@ from lungcal.workflow.stage1 import (
     post_hoc_runs,
     prevalence,
 )
-from lungcal.workflow.summary import CIFAR_COLUMNS, CT_COLUMNS, summary_lines, with_ci
+from lungcal.workflow.summary import CIFAR_COLUMNS, CT_COLUMNS, post_hoc_lines, summary_lines, with_ci
 
 __all__ = ["Evaluation", "PostHocResult", "SplitScores", "Store", "TrackedStage1", "post_hoc_runs", "prevalence",
-           "CIFAR_COLUMNS", "CT_COLUMNS", "summary_lines", "with_ci"]
+           "CIFAR_COLUMNS", "CT_COLUMNS", "post_hoc_lines", "summary_lines", "with_ci"]

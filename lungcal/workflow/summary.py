@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CT_COLUMNS", "CIFAR_COLUMNS", "with_ci", "summary_lines"]
+__all__ = ["CT_COLUMNS", "CIFAR_COLUMNS", "with_ci", "summary_lines", "post_hoc_lines"]
 
 #: ``(label, report key, in percent)`` of a summary row
 Column = tuple[str, str, bool]
@@ -58,3 +58,18 @@ def summary_lines(title: str, rows: Sequence[tuple[str, Mapping[str, Any]]], out
     for step in next_steps:
         lines.append(f"  {'next':<{width}} {step}")
     return "\n".join(lines)
+
+
+def post_hoc_lines(post: Sequence[Mapping[str, Any]], resumed_from: int = 0, percent: bool = False) -> str:
+    """The paired test-ECE difference each post-hoc calibrator made (the same cases before and after, a paired
+    bootstrap: a verdict, not two CIs), and the epoch a resumed run continued from; one line each."""
+    text = ""
+    for r in post:
+        d, scale, unit, digits = r["ece_diff"], (100 if percent else 1), ("%" if percent else ""), (2 if percent else 3)
+        verdict = "significant" if d["significant"] else "not significant"
+        lo, hi = scale * d["ci_low"], scale * d["ci_high"]
+        text += (f"\n  ECE {r['name'].upper()} - none  {scale * d['diff']:+.{digits}f}{unit} "
+                 f"[{lo:+.{digits}f}, {hi:+.{digits}f}]  paired bootstrap: {verdict}")
+    if resumed_from:
+        text += f"\n  resumed from epoch {resumed_from}"
+    return text

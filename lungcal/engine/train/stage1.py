@@ -60,7 +60,8 @@ from lungcal.tracking import (
     RunTracker,
     file_digest,
 )
-from lungcal.workflow import CT_COLUMNS, Evaluation, PostHocResult, SplitScores, Store, TrackedStage1, summary_lines
+from lungcal.workflow.stage1 import Evaluation, PostHocResult, SplitScores, Store, TrackedStage1
+from lungcal.workflow.summary import CT_COLUMNS, post_hoc_lines, summary_lines
 
 __all__ = ["Scoring", "FineTune", "Stage1Run"]
 
@@ -298,12 +299,6 @@ class Stage1Run(TrackedStage1):
             if r["temperature"] is not None:
                 self.result.update(ts_run_id=r["run_id"], temperature=r["temperature"], test_ts=r["test"])
                 text += f"\n  temperature   {r['temperature']:.3f}"
-        for r in post:  # the same test cases before and after: a paired difference, not two CIs
-            d = r["ece_diff"]
-            verdict = "significant" if d["significant"] else "not significant"
-            text += (f"\n  ECE {r['name'].upper()} - none  {d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
-                     f"  paired bootstrap: {verdict}")
-        if self.resumed_from:
-            text += f"\n  resumed from epoch {self.resumed_from}"
+        text += post_hoc_lines(post, self.resumed_from)
         print(text, flush=True)
         return self.result
