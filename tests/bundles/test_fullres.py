@@ -15,9 +15,10 @@ def test_fullres_overrides_only_the_bag_grid_of_a_ct_bundle(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # the bundles' % macros are relative to the project root
     preset = json.loads((ROOT / "bundles" / "fullres.json").read_text())
     assert {k for k in preset if not k.startswith("_")} == {"spacing", "k", "patch_size"}
+    files = ["bundles/nlst_focal.json"] + ([] if name == "nlst_focal" else [f"bundles/{name}.json"])
     base, merged = ConfigParser(), ConfigParser()
-    base.read_config(f"bundles/{name}.json")
-    merged.read_config([f"bundles/{name}.json", "bundles/fullres.json"])
+    base.read_config(files)
+    merged.read_config([*files, "bundles/fullres.json"])
     for key, want in (("spacing", [1.0, 1.0, 1.0]), ("k", 16), ("patch_size", 32)):
         assert merged.get_parsed_content(f"cohort#{key}") == want  # what the bag builder gets
     assert merged.get_parsed_content("preprocessing#spacing") == [1.0, 1.0, 1.0]
