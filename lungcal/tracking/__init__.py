@@ -4,27 +4,53 @@
 - ``tracker.py``: :class:`RunTracker` (one MLflow run; flattened, privacy-filtered params);
 - ``lookup.py``: linked-run look-ups (stage-1 run, its checkpoint, its post-hoc runs);
 - ``commands.py``: ``lungcal ui``.
+
+The names are imported at once; the tracker and the look-ups (MLflow, torch) only when first used, so that
+``lungcal --help`` and the CLI's argument errors answer without loading them (PEP 562 ``__getattr__``).
 """
-from lungcal.tracking.lookup import (
-    add_run_metrics,
-    artifact_checkpoint,
-    find_stage1_run,
-    linked_calibrator,
-    linked_calibrator_run,
-    linked_runs,
-    linked_temperature,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from lungcal.tracking.names import *  # noqa: F403
 from lungcal.tracking.names import __all__ as _names
-from lungcal.tracking.tracker import (
-    RunTracker,
-    artifact_root_for,
-    default_tracking_uri,
-    file_digest,
-    flatten_config,
-    privacy_filter,
-)
+
+if TYPE_CHECKING:
+    from lungcal.tracking.lookup import (
+        add_run_metrics,
+        artifact_checkpoint,
+        find_stage1_run,
+        linked_calibrator,
+        linked_calibrator_run,
+        linked_runs,
+        linked_temperature,
+    )
+    from lungcal.tracking.tracker import (
+        RunTracker,
+        artifact_root_for,
+        default_tracking_uri,
+        file_digest,
+        flatten_config,
+        privacy_filter,
+    )
+
+_LAZY = {
+    **{name: "lungcal.tracking.tracker" for name in ("RunTracker", "artifact_root_for", "default_tracking_uri",
+                                                     "file_digest", "flatten_config", "privacy_filter")},
+    **{name: "lungcal.tracking.lookup" for name in ("add_run_metrics", "artifact_checkpoint", "find_stage1_run",
+                                                    "linked_calibrator", "linked_calibrator_run", "linked_runs",
+                                                    "linked_temperature")},
+}
 
 __all__ = [*_names, "RunTracker", "artifact_root_for", "default_tracking_uri", "file_digest", "flatten_config",
-           "privacy_filter", "artifact_checkpoint", "find_stage1_run", "linked_runs", "linked_temperature",
-           "linked_calibrator", "linked_calibrator_run", "add_run_metrics"]
+           "privacy_filter", "add_run_metrics", "artifact_checkpoint", "find_stage1_run", "linked_calibrator",
+           "linked_calibrator_run", "linked_runs", "linked_temperature"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lungcal.tracking' has no attribute {name!r}")
