@@ -23,7 +23,8 @@ References:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,11 @@ class MissedCancerGuarantee:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "statement": self.statement()}
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> MissedCancerGuarantee:
+        """The guarantee :meth:`as_dict` wrote (extra keys, such as a test split's numbers, are ignored)."""
+        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
 
     def decide(self, p1: Any) -> np.ndarray:
         """``True`` where a case is called positive (``p1 >= threshold``)."""

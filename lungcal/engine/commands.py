@@ -32,6 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "prevalence estimated on them by EM (Saerens et al. 2002)")
     p.add_argument("--source-prevalence", default=None, metavar="P",
                    help="the prevalence the shipped model is calibrated to (default: read from the stage-1 run)")
+    p.add_argument("--miss-rate", default=None, metavar="ALPHA",
+                   help="also choose a decision threshold (work-up when p(cancer) >= it) on the val split whose "
+                        "missed-cancer rate is at most ALPHA (e.g. 0.05) with probability --confidence over the "
+                        "val draw (Learn-then-Test); reports its work-up rate on val and test and the test "
+                        "sensitivity with a CI; `predict --site` applies it. Refused when val has too few cancers")
+    p.add_argument("--confidence", default=None, metavar="1-DELTA",
+                   help="the probability that the --miss-rate guarantee holds over the val draw (default: 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the cross-validation folds")
     p.add_argument("--site", default=None, help="site name for the lungcal.site tag (default: from the datalist)")
     p.add_argument("--experiment", default="nlst", help="MLflow experiment to log into (default: nlst)")
@@ -81,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("path", metavar="PATH", help="a CT file, a DICOM series folder, a folder of CTs, or a datalist JSON")
     q.add_argument("--run", required=True, metavar="ID", help="the stage-1 MLflow run id (or a checkpoint .pt)")
     q.add_argument("--site", default=None, help="apply the calibrator `lungcal recalibrate` stored for this site "
-                   "(default: the run's reference calibrator)")
+                   "(default: the run's reference calibrator), and its guaranteed decision threshold when it stored "
+                   "one (--miss-rate): each CT is then called work-up or not, and its JSON states the guarantee")
     q.add_argument("--refer-below", type=float, default=None, metavar="C",
                    help="refer a CT whose confidence max(p, 1-p) is below C (default: the calibrator's validation "
                         "rule: the confidence below which its 10%% least confident validation cases fall)")
@@ -105,7 +113,7 @@ def _recalibrate(args: argparse.Namespace) -> int:
                       unlabelled=args.unlabelled, source_prevalence=args.source_prevalence, site=args.site,
                       experiment=args.experiment, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap, seed=args.seed,
                       tracking_uri=args.tracking_uri, output_dir=args.output_dir, num_workers=args.num_workers,
-                      qc=None if args.no_qc else DEFAULT_QC)
+                      qc=None if args.no_qc else DEFAULT_QC, miss_rate=args.miss_rate, confidence=args.confidence)
     print(format_summary(res))
     return 0
 

@@ -1,4 +1,5 @@
-"""Linked-run look-ups: find a stage-1 run, its checkpoint artifact, and the post-hoc runs linked to it.
+"""Linked-run look-ups: find a stage-1 run, its checkpoint artifact, its training data's acquisition summary,
+and the post-hoc runs linked to it.
 
 Stage-2 runs carry ``lungcal.parent_run`` = the stage-1 run id (:mod:`lungcal.tracking.names`);
 these helpers follow that link through :class:`mlflow.tracking.MlflowClient`.
@@ -16,17 +17,20 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.errors import ConfigError
 from lungcal.tracking.names import (
+    ACQUISITION_ARTIFACT,
     CT_EXPERIMENT,
+    GUARANTEE_ARTIFACT,
     REFERENCE_CALIBRATOR,
     TAG_CALIBRATOR,
     TAG_PARENT,
     TAG_RECALIBRATION,
     TAG_SITE,
     TAG_STAGE2,
+    THRESHOLD_METRIC,
 )
 
 __all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature", "linked_calibrator_run",
-           "linked_calibrator", "add_run_metrics"]
+           "linked_calibrator", "linked_guarantee", "add_run_metrics", "run_acquisition_summary"]
 
 
 def find_stage1_run(tracking_uri: str, run_id: str | None = None, experiment: str = CT_EXPERIMENT):
@@ -61,6 +65,29 @@ def artifact_checkpoint(tracking_uri: str, run, artifact: str = "checkpoint/best
     except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"run {run.info.run_id} has no {artifact} artifact", field="stage1_run_id",
                           fix="pick a FINISHED run of a stage-1 bundle (bundles/nlst_*.json)") from exc
+
+
+def run_acquisition_summary(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
+    """The acquisition summary of a stage-1 run's training split (its ``data/acquisition.json``), or ``None``
+    for a run that logged none (runs made before issue 32, CIFAR runs).
+
+    The layout is :func:`lungcal.ct.acquisition.summarize_acquisitions`' (``version``, ``n``, ``fields`` with
+    per-field ``n``, ``mean``, ``sd``, ``min``, ``max`` and ``quantiles``, ``profiles``, ``kernels``) plus
+    ``split`` and ``measured``; :func:`lungcal.ct.acquisition.summary_quantiles` reads one field's CDF.
+
+    Raises:
+        ConfigError: no run ``run_id`` in the store.
+    """
+    client = MlflowClient(tracking_uri)
+    try:
+        client.get_run(run_id)
+    except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types
+        raise ConfigError(f"no MLflow run {run_id!r} in {tracking_uri}", field="run",
+                          fix="copy a stage-1 run id from `mlflow ui` (with --tracking-uri for another store)") from exc
+    folder, name = ACQUISITION_ARTIFACT.rsplit("/", 1)
+    if name not in {Path(f.path).name for f in client.list_artifacts(run_id, folder)}:
+        return None
+    return json.loads(Path(client.download_artifacts(run_id, ACQUISITION_ARTIFACT)).read_text())
 
 
 def linked_runs(tracking_uri: str, run, stage2: str | None = None, finished: bool = True) -> list:
@@ -133,6 +160,26 @@ def linked_calibrator(tracking_uri: str, run, site: str | None = None,
                           fix="refit it (rerun `lungcal recalibrate` or the stage-1 bundle)") from exc
     text = Path(path).read_text()
     return name, (load(text) if load is not None else json.loads(text))
+
+
+def linked_guarantee(tracking_uri: str, run, site: str) -> dict[str, Any] | None:
+    """The decision guarantee ``lungcal recalibrate --miss-rate`` stored at ``site`` (:data:`GUARANTEE_ARTIFACT`,
+    parsed), or ``None``.
+
+    It is read from the run :func:`linked_calibrator_run` finds for the site, the one whose calibrator
+    ``--site`` applies, so the threshold always belongs to the probabilities it is applied to; when that
+    run was recalibrated without ``--miss-rate`` (no :data:`THRESHOLD_METRIC`) there is none.
+    """
+    found = linked_calibrator_run(tracking_uri, run, site=site)
+    if found is None or THRESHOLD_METRIC not in found.data.metrics:
+        return None
+    try:
+        path = MlflowClient(tracking_uri).download_artifacts(found.info.run_id, GUARANTEE_ARTIFACT)
+        return json.loads(Path(path).read_text())
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"run {found.info.run_id} logged {THRESHOLD_METRIC} but has no readable "
+                          f"{GUARANTEE_ARTIFACT} artifact", field="site",
+                          fix="rerun `lungcal recalibrate ... --miss-rate ALPHA` for this site") from exc
 
 
 def add_run_metrics(tracking_uri: str, run_id: str, metrics: dict[str, float]) -> None:

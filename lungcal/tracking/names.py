@@ -7,7 +7,8 @@ for example ``test/ece`` and ``test/ece_ci_low``.
 Artifacts, the same in the CT and the CIFAR runs, so that ``lungcal report`` finds them by name:
 ``plots/{split}_{kind}.png`` (:func:`plot_artifact`: ``reliability``, ``risk_coverage``, ...),
 ``predictions/{split}_predictions.{csv|npz}`` (:func:`predictions_artifact`), the resolved config
-:data:`CONFIG_ARTIFACT` and the model under :data:`MODEL_ARTIFACT`.
+:data:`CONFIG_ARTIFACT` and the model under :data:`MODEL_ARTIFACT`. CT stage-1 runs also log their
+training split's acquisition summary as :data:`ACQUISITION_ARTIFACT`.
 """
 from __future__ import annotations
 
@@ -39,9 +40,14 @@ __all__ = [
     "MLFLOW_EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TRAINING",
     "CT_EXPERIMENT",
+    "THRESHOLD_METRIC",
+    "SENSITIVITY_AT_THRESHOLD",
+    "POSITIVE_RATE_AT_THRESHOLD",
+    "GUARANTEE_ARTIFACT",
     "PRIVATE_KEYS",
     "CONFIG_ARTIFACT",
     "MODEL_ARTIFACT",
+    "ACQUISITION_ARTIFACT",
     "PLOTS_DIR",
     "PREDICTIONS_DIR",
     "metric_name",
@@ -108,6 +114,16 @@ EXPERIMENT_KIND_TRAINING = "custom_model_development"
 #: the MLflow experiment of the CT runs (CIFAR runs use ``cifar10`` / ``cifar10lt``).
 CT_EXPERIMENT = "nlst"
 
+#: ``lungcal recalibrate --miss-rate``: the decision threshold on p(cancer) whose missed-cancer rate is
+#: guaranteed (:mod:`lungcal.calibration.guarantee`), fitted on the site's val split; logged on the
+#: recalibration run with the guarantee as :data:`GUARANTEE_ARTIFACT`, which ``predict --site`` states.
+THRESHOLD_METRIC = "val/threshold_missrate"
+#: the share of cancers at or above that threshold (``{split}/sensitivity_at_threshold``, with
+#: ``_ci_low`` / ``_ci_high`` on test), and the share of CTs called positive (``{split}/positive_rate_at_threshold``)
+SENSITIVITY_AT_THRESHOLD = "sensitivity_at_threshold"
+POSITIVE_RATE_AT_THRESHOLD = "positive_rate_at_threshold"
+GUARANTEE_ARTIFACT = "guarantee.json"
+
 
 #: bundle keys never logged as they are (paths may carry identifiers); a datalist is logged as source + hash
 PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "checkpoint", "init_checkpoint")
@@ -116,6 +132,10 @@ PRIVATE_KEYS = ("datalist", "output_dir", "tracking_uri", "inputs", "output", "c
 CONFIG_ARTIFACT = "config/resolved.json"
 #: the logged model (weights + what rebuilds the network)
 MODEL_ARTIFACT = "model"
+#: a CT stage-1 run's training split, summarised without identifiers: per acquisition field (slice thickness,
+#: pixel size, HU of air, noise, edge width) n, mean, sd and quantiles, and the scanner-profile and kernel
+#: counts (lungcal.ct.acquisition.summarize_acquisitions); what a site check compares a new site with
+ACQUISITION_ARTIFACT = "data/acquisition.json"
 PLOTS_DIR = "plots"
 PREDICTIONS_DIR = "predictions"
 

@@ -24,11 +24,12 @@ from mlflow.tracking import MlflowClient
 from monai.bundle import run
 from PIL import Image
 
+from lungcal.calibration.guarantee import MissedCancerGuarantee
 from lungcal.calibration.scaling import PlattScaler, calibrated_probs
 from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.cli import main
 from lungcal.engine.evaluate.calibrators import reference_calibrator
-from lungcal.engine.evaluate.cases import ReferralRule
+from lungcal.engine.evaluate.cases import ReferralRule, answer_line, case_record
 from lungcal.engine.evaluate.pictures import (
     _patch,
     _plane,
@@ -273,8 +274,46 @@ def test_site_applies_the_site_calibrator_and_its_referral_threshold(model, tmp_
     case = json.loads((tmp_path / "site" / "cases" / "ct0000.json").read_text())
     assert case["calibrator"] == "platt" and case["referral"]["threshold"] == pytest.approx(0.8)
     assert case["referral"]["refer"] == (case["confidence"] < 0.8)
+    assert case["decision"] is None  # the site's run stored no guaranteed threshold: nothing changes
     r = _runs(model, **{TAG_INFERENCE: "predict", "lungcal.site": "site-x"})[0]
     assert r.data.params["calibrator"] == "platt" and r.info.status == "FINISHED"
+
+
+def test_site_with_a_guaranteed_threshold_decides_work_up_and_states_the_guarantee(model, tiny_cohort, tmp_path,
+                                                                                    capsys):
+    """``recalibrate --miss-rate`` then ``predict --site``: each CT's JSON holds the decision block (the
+    threshold of the site's recalibration run, the guarantee's statement), the line says work-up or not, the
+    CSV has the column; the tiny cohort's val split has a cancer or two, so the guarantee asked is loose."""
+    assert main(["recalibrate", "--model", model["run"].info.run_id, "--datalist", str(tiny_cohort),
+                 "--tracking-uri", model["uri"], "--output-dir", str(model["store"]), "--site", "site-g",
+                 "--method", "ts", "--miss-rate", "0.5", "--confidence", "0.5", "--n-bootstrap", "0",
+                 "--no-qc"]) == 0
+    assert "-> work-up, chosen on the val split" in capsys.readouterr().out
+    site_run = linked_calibrator_run(model["uri"], model["run"], site="site-g")
+    stored = json.loads(Path(model["client"].download_artifacts(site_run.info.run_id, "guarantee.json",
+                                                                str(tmp_path))).read_text())
+    out = tmp_path / "decided"
+    assert _predict(model, model["dicoms"][7], out, "--site", "site-g") == 0
+    printed = capsys.readouterr().out
+    case = json.loads((out / "cases" / "ct0000.json").read_text())
+    dec = case["decision"]
+    assert dec == {"positive": case["probability"] >= stored["threshold"], "threshold": stored["threshold"],
+                   "statement": stored["statement"], "alpha": 0.5, "delta": 0.5, "n_cancers": stored["n_cancers"]}
+    assert dec["threshold"] == pytest.approx(site_run.data.metrics["val/threshold_missrate"])
+    assert "at most 50% of cancers fall below it, with probability at least 50%" in dec["statement"]
+    line = [a for a in printed.splitlines() if a.startswith("ct0000")][0]
+    assert ("  work-up  " in line) if dec["positive"] else ("no work-up (below the guaranteed threshold)" in line)
+    assert f"decision at site site-g: {stored['statement']}" in printed
+    with open(out / "predictions.csv") as fh:
+        assert next(csv.DictReader(fh))["work_up"] == str(int(dec["positive"]))
+    with Image.open(out / "cases" / "ct0000.png") as png:
+        assert png.size == PNG_SIZE
+    r = _runs(model, **{TAG_INFERENCE: "predict", "lungcal.site": "site-g"})[0]
+    assert r.data.metrics["n_work_up"] == int(dec["positive"]) and r.info.status == "FINISHED"
+    # without --site: the reference calibrator, no decision
+    assert _predict(model, model["dicoms"][7], tmp_path / "plain", "--no-pictures") == 0
+    assert "work-up" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "plain" / "cases" / "ct0000.json").read_text())["decision"] is None
 
 
 # ----------------------------------------------------------------------------- no model needed
@@ -323,6 +362,31 @@ def test_gallery_groups_and_a_figure_without_candidates():
                        "uncertainty": {"interval": None}, "referral": {"refer": None, "threshold": None}})
     fig.canvas.draw()
     assert tuple(int(v) for v in fig.canvas.get_width_height()) == PNG_SIZE
+
+
+def test_decision_block_line_and_picture_for_both_verdicts():
+    """A CT at or above the site's guaranteed threshold is work-up, one below is not; the block holds the
+    guarantee's statement; the picture draws either (and none without a threshold)."""
+    g = MissedCancerGuarantee(threshold=0.2, alpha=0.05, delta=0.1, n=300, n_cancers=60, positive_rate=0.4,
+                              sensitivity=0.97)
+    cand = {"world": np.array([[10.0, 10.0, 10.0]]), "score": np.array([1.0]), "radius_mm": np.array([4.0])}
+    scores = {"subjects": ["ct0000", "ct0001"], "probs": np.array([[0.8, 0.2], [0.81, 0.19]]),
+              "attention": np.ones((2, 1)), "candidates": [cand, cand], "member_probs": None}
+    rule = ReferralRule.given(0.7)
+    up, down = (case_record(scores, i, rule, calibrator="platt", decision=g) for i in (0, 1))
+    assert up["decision"] == {"positive": True, "threshold": 0.2, "statement": g.statement(), "alpha": 0.05,
+                              "delta": 0.1, "n_cancers": 60}
+    assert down["decision"]["positive"] is False
+    assert "  work-up  top candidate" in answer_line(up)
+    assert "no work-up (below the guaranteed threshold)" in answer_line(down)
+    plain = case_record(scores, 0, rule, calibrator="platt")
+    assert plain["decision"] is None and "work-up" not in answer_line(plain)
+    image = (np.full((30, 30, 20), -800.0, np.float32), np.diag([2.0, 2.0, 3.0, 1.0]))
+    for case in (up, down, plain):
+        fig = case_figure(image, case)
+        fig.canvas.draw()
+        texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+        assert ("WORK-UP: p >= 0.200" in texts) == (case is up) and ("no work-up: p < 0.200" in texts) == (case is down)
 
 
 def test_split_pictures_draw_the_gallery_cases_with_their_known_outcome(tmp_path):

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from scipy.stats import binomtest
 from sklearn.metrics import roc_auc_score
 
+from lungcal.calibration.guarantee import missed_cancer_threshold
 from lungcal.calibration.metrics import calibration_slope_intercept, ece, oe_ratio
 from lungcal.calibration.prior import PriorAdjusted, adjust_to_prior, estimate_prior_em
 from lungcal.calibration.scaling import (
@@ -298,6 +301,11 @@ def _no_run_left(site):
     (("--method", "prior"), "ConfigError", "--method prior needs the site's prevalence"),
     (("--unlabelled", "EMPTY"), "DataError", "has no images"),
     (("--unlabelled", "NOCT"), "DataError", "holds no CT"),
+    (("--miss-rate", "0.05"), "ConfigError",  # the fixture's val split holds 5 cancers
+     "val split has 5 cancers: a missed-cancer rate of at most 5% with confidence 90% needs at least 45"),
+    (("--miss-rate", "5%"), "ConfigError", "--miss-rate must be a fraction strictly between 0 and 1"),
+    (("--miss-rate", "0.1", "--confidence", "1"), "ConfigError", "--confidence must be a fraction"),
+    (("--confidence", "0.9"), "ConfigError", "--confidence is the confidence of the --miss-rate guarantee"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(site, capsys, extra, kind, words):
     (site["tmp"] / "empty.json").write_text(json.dumps({"version": 1, "source": "x", "rows": []}))
@@ -373,3 +381,57 @@ def test_a_split_left_with_one_class_after_the_checks_is_refused_before_any_run(
     assert "'val' split holds only label(s) [0]" in capsys.readouterr().err
     client, runs = _site_runs(site)
     assert runs == []
+
+
+def _enough_cancers(site, n_val=120, n_test=60):
+    """Rewrite the site's datalist with val/test rows enough for a guarantee (half of them cancers); the
+    scores stay the fixture's fake ones."""
+    rows = [{"image": f"g{i}.nii.gz", "label": i % 2, "subject": f"g{i:03d}", "site": "site-b",
+             "split": "val" if i < n_val else "test"} for i in range(n_val + n_test)]
+    for r in rows:
+        (site["tmp"] / r["image"]).write_bytes(b"")
+    site["datalist"].write_text(json.dumps({"version": 1, "source": "site:site-b", "rows": rows}))
+
+
+def test_miss_rate_threshold_is_chosen_on_val_only_and_its_test_numbers_are_the_direct_ones(site, capsys, tmp_path):
+    """``--miss-rate``: the threshold is Learn-then-Test's on the chosen calibrator's val probabilities (the
+    oracle fitted here); the test split only reports what it does (another test split changes those numbers,
+    never the threshold); the run logs the metrics and guarantee.json."""
+    _enough_cancers(site)
+    site["fake"].update(val=_overconfident(600, 1, 4.0, prevalence=0.4), test=_overconfident(400, 2, 4.0, 0.4))
+    assert _cli(site, "--method", "platt", "--miss-rate", "0.05", "--n-bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    print(out)
+    zv, yv = site["fake"]["val"]
+    zt, yt = site["fake"]["test"]
+    cal = PlattScaler().fit(zv, yv)
+    oracle = missed_cancer_threshold(cal.predict_proba(zv.numpy())[:, 1], yv.numpy(), alpha=0.05, delta=0.1)
+    assert f"p(cancer) >= {oracle.threshold:.4f} -> work-up" in out and "Clopper-Pearson 95%" in out
+    client, runs = _site_runs(site)
+    run = runs[0]
+    m = run.data.metrics
+    assert m["val/threshold_missrate"] == pytest.approx(oracle.threshold, abs=1e-12)
+    assert m["val/positive_rate_at_threshold"] == pytest.approx(oracle.positive_rate)
+    assert m["val/sensitivity_at_threshold"] == pytest.approx(oracle.sensitivity) and oracle.sensitivity >= 0.95
+    called = cal.predict_proba(zt.numpy())[:, 1] >= oracle.threshold
+    y = yt.numpy() == 1
+    k, n = int(called[y].sum()), int(y.sum())
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    assert m["test/sensitivity_at_threshold"] == pytest.approx(k / n)
+    assert m["test/sensitivity_at_threshold_ci_low"] == pytest.approx(ci.low)
+    assert m["test/sensitivity_at_threshold_ci_high"] == pytest.approx(ci.high)
+    assert m["test/positive_rate_at_threshold"] == pytest.approx(called.mean())
+    assert run.data.params["miss_rate"] == "0.05" and run.data.params["confidence"] == "0.9"
+    stored = json.loads(Path(client.download_artifacts(run.info.run_id, "guarantee.json", str(tmp_path))).read_text())
+    assert stored["statement"] == oracle.statement() and stored["fit_split"] == "val"
+    assert stored["n_cancers"] == int(yv.sum()) and stored["alpha"] == 0.05 and stored["delta"] == 0.1
+    assert stored["test"]["sensitivity"] == pytest.approx(k / n) and stored["test"]["n_cancers"] == n
+    # another test split: other test numbers, the same threshold (test is never used to choose it)
+    site["fake"]["test"] = _overconfident(400, 5, 4.0, 0.4)
+    res = recalibrate(site["parent"], site["datalist"], method="platt", tracking_uri=site["uri"], n_bootstrap=0,
+                      output_dir=site["tmp"] / "out", miss_rate=0.05, log=False)
+    assert res.threshold is not None and res.threshold.guarantee == oracle
+    assert res.threshold.test_cancers != n and "work-up rate val" in format_summary(res)
+    # without --miss-rate nothing is chosen and nothing is logged
+    assert recalibrate(site["parent"], site["datalist"], method="platt", tracking_uri=site["uri"], n_bootstrap=0,
+                       output_dir=site["tmp"] / "out", log=False).threshold is None

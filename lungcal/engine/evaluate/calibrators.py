@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import math
 
+from lungcal.calibration.guarantee import MissedCancerGuarantee
 from lungcal.calibration.prior import PRIOR, PriorAdjusted
 from lungcal.calibration.scaling import TemperatureScaler, calibrator_from_json
 from lungcal.errors import DataError
 from lungcal.tracking import linked_calibrator, linked_temperature
+from lungcal.tracking.lookup import linked_guarantee
 
-__all__ = ["load_calibrator", "temperature_calibrator", "site_calibrator", "reference_calibrator"]
+__all__ = ["load_calibrator", "temperature_calibrator", "site_calibrator", "site_guarantee", "reference_calibrator"]
 
 
 def load_calibrator(text: str):
@@ -69,3 +71,12 @@ def reference_calibrator(tracking_uri: str, run):
     return temperature_calibrator(temp) if temp is not None else None
 
 
+def site_guarantee(tracking_uri: str, run, site: str) -> MissedCancerGuarantee | None:
+    """The decision threshold ``lungcal recalibrate --miss-rate`` stored for ``site``, with its guarantee, or ``None``.
+
+    It comes from the same run as :func:`site_calibrator`'s calibrator (the site's newest recalibration),
+    so it is a threshold on the probabilities that calibrator gives; a run recalibrated without
+    ``--miss-rate`` stores none.
+    """
+    state = linked_guarantee(tracking_uri, run, site)
+    return None if state is None else MissedCancerGuarantee.from_dict(state)

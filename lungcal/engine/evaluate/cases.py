@@ -9,6 +9,10 @@ written as ``cases/<pseudonym>.json``:
   (MC-dropout passes or ensemble members), their mutual information, standard deviation and 10-90 %
   interval; without them these are ``null``;
 - ``referral``: the :class:`ReferralRule` and its verdict for this CT;
+- ``decision``: with a site whose recalibration stored a decision threshold (``lungcal recalibrate
+  --miss-rate``, :mod:`lungcal.calibration.guarantee`), ``{"positive": p >= threshold (sent on for
+  work-up), "threshold", "statement" (the guarantee in one sentence), "alpha", "delta", "n_cancers"}``
+  (:func:`decision_block`); else ``null``;
 - ``candidates``: the ``top_k`` most attended candidates, most attended first: attention, centre in RAS
   mm (MONAI world) and LPS mm (DICOM patient coordinates, what a PACS viewer shows), radius and
   detector score.
@@ -35,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from lungcal.calibration.guarantee import MissedCancerGuarantee
 from lungcal.calibration.selective import (
     REFERRAL_COVERAGE,
     REFERRAL_METRIC,
@@ -44,8 +49,13 @@ from lungcal.calibration.selective import (
 )
 from lungcal.errors import ConfigError
 
-__all__ = ["ReferralRule",
-           "position_text", "uncertainty_fields", "case_record", "answer_line"]
+__all__ = ["ReferralRule", "WORK_UP", "NO_WORK_UP",
+           "position_text", "uncertainty_fields", "decision_block", "case_record", "answer_line"]
+
+#: the printed verdicts of a decision threshold
+WORK_UP = "work-up"
+NO_WORK_UP = "no work-up (below the guaranteed threshold)"
+
 
 @dataclass(frozen=True)
 class ReferralRule:
@@ -109,13 +119,26 @@ def uncertainty_fields(p1: float, member_p1: np.ndarray | None = None, method: s
     return fields
 
 
+def decision_block(p1: float, guarantee: MissedCancerGuarantee | None) -> dict[str, Any] | None:
+    """The ``decision`` of one CT under a site's guaranteed threshold (``None`` without one)."""
+    if guarantee is None:
+        return None
+    return {"positive": bool(guarantee.decide([p1])[0]), "threshold": guarantee.threshold,
+            "statement": guarantee.statement(), "alpha": guarantee.alpha, "delta": guarantee.delta,
+            "n_cancers": guarantee.n_cancers}
+
+
 def _lps(ras: Sequence[float]) -> list[float]:
     return [-float(ras[0]), -float(ras[1]), float(ras[2])]
 
 
 def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibrator: str, top_k: int = 3,
-                model: Mapping[str, Any] | None = None, qc=None, label: int | None = None) -> dict[str, Any]:
+                model: Mapping[str, Any] | None = None, qc=None, label: int | None = None,
+                decision: MissedCancerGuarantee | None = None) -> dict[str, Any]:
     """The record of CT ``i`` of :func:`score_rows` (see the module doc).
+
+    ``decision``: the site's guaranteed threshold (:func:`lungcal.engine.evaluate.calibrators.site_guarantee`),
+    applied to this CT's calibrated probability; ``None`` records ``"decision": null``.
 
     ``label``: the known outcome (1 cancer, 0 none) of a CT of a labelled split (a stage-1 run's test
     split); recorded as ``"label"`` and shown on the picture. New patients have none: the key is left out.
@@ -140,6 +163,7 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
         "uncertainty": uncertainty_fields(p1, None if members is None else members[:, i, 1]),
         "referral": {"refer": rule.refer(conf), "confidence": conf, "threshold": rule.threshold,
                      "source": rule.source, "rule": rule.describe()},
+        "decision": decision_block(p1, decision),
         "candidates": cands,
         "n_candidates": int(n),
         "qc": None if qc is None else {"verdict": qc.verdict, "warnings": [w.name for w in qc.warnings]},
@@ -160,13 +184,17 @@ def position_text(ras_mm: Sequence[float]) -> str:
 
 
 def answer_line(case: Mapping[str, Any]) -> str:
-    """One line per CT: pseudonym, probability (+ interval), referral, the most attended candidate."""
+    """One line per CT: pseudonym, probability (+ interval), referral, the site's decision (when it has a
+    guaranteed threshold), the most attended candidate."""
     unc, ref = case["uncertainty"], case["referral"]
     iv = unc.get("interval")
     p = f"p(cancer) {case['probability']:.2f}" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
     verdict = ("referral: no rule" if ref["refer"] is None else
                f"REFER (confidence {ref['confidence']:.3f} < {ref['threshold']:.3f})" if ref["refer"] else
                f"not referred (confidence {ref['confidence']:.3f})")
+    decision = case.get("decision")
+    if decision is not None:
+        verdict += f"  {WORK_UP if decision['positive'] else NO_WORK_UP}"
     top = case["candidates"][0] if case["candidates"] else None
     where = "no candidate" if top is None else f"top candidate {position_text(top['ras_mm'])}, attention " \
         f"{top['attention']:.2f}"

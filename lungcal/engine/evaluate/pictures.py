@@ -5,7 +5,9 @@ native grid) and the case record of :mod:`lungcal.engine.infer.scoring`:
 
 - the calibrated probability of cancer on a 0-1 bar, with its uncertainty interval when the model
   gave one (MC samples), the referral band (probabilities whose confidence is below the referral
-  threshold) and the verdict: referred for review or not;
+  threshold) and the verdict: referred for review or not; with a site's guaranteed decision threshold
+  (the record's ``decision``), a mark at the threshold on the bar and a line: work-up or not, and what
+  the threshold guarantees;
 - a lung overview: the coronal slice through the most attended candidate, every shown candidate
   marked by its number (hollow when it lies in another slice);
 - the three most attended candidates, one row each: axial, coronal and sagittal patches
@@ -53,6 +55,7 @@ _INTERP = "bilinear"
 _STROKE = [patheffects.withStroke(linewidth=2.5, foreground="black")]  # labels readable on any grey
 _STROKE_THIN = [patheffects.withStroke(linewidth=1.5, foreground="white")]
 _LABEL_SIDES = ((1, -1), (1, 1), (-1, -1))  # (right, above), (right, below), (left, above) of the ring
+_DECISION_COLOUR = "#2b5fad"
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -167,9 +170,26 @@ def _probability_panel(ax, case: Mapping[str, Any]) -> None:
     else:
         verdict, colour = f"not referred: confidence {ref['confidence']:.3f} >= {t:.3f}", "#1a7a3a"
     ax.text(0.0, 0.24, verdict, fontsize=12, fontweight="bold", color=colour, va="top", transform=ax.transAxes)
+    decision = case.get("decision")
     rule = ref.get("rule")
     if rule:
-        ax.text(0.0, 0.13, textwrap.fill(str(rule), 92), fontsize=8, color="0.35", va="top", transform=ax.transAxes)
+        ax.text(0.0, 0.13, textwrap.fill(str(rule), 92 if decision is None else 104), fontsize=8 if decision is None
+                else 7, color="0.35", va="top", transform=ax.transAxes)
+    if decision is not None:
+        _decision_mark(ax, bar, decision)
+
+
+def _decision_mark(ax, bar, decision: Mapping[str, Any]) -> None:
+    """The site's guaranteed threshold on the bar, and the work-up verdict in one small line below the rule."""
+    t = float(decision["threshold"])
+    bar.plot([t, t], [0.05, 0.95], color=_DECISION_COLOUR, lw=1.8, zorder=5)
+    bar.text(t, 1.0, "work-up", ha="left" if t < 0.85 else "right", va="bottom", fontsize=7, color=_DECISION_COLOUR,
+             zorder=5)
+    verdict = "WORK-UP" if decision["positive"] else "no work-up"
+    side = ">=" if decision["positive"] else "<"
+    ax.text(0.0, 0.01, f"{verdict}: p {side} {t:.3f} (guaranteed: <= {100 * float(decision['alpha']):g}% "
+            f"of cancers missed, {100 * (1 - float(decision['delta'])):g}% confidence)", fontsize=8, fontweight="bold",
+            color=_DECISION_COLOUR, va="top", transform=ax.transAxes)
 
 
 def _overview_panel(ax, arr, affine, spacing, candidates) -> None:

@@ -3,7 +3,9 @@
 The model is a stage-1 run or checkpoint (:func:`lungcal.engine.model.checkpoint.load_stage1`); with a
 run, the calibrator of its linked post-hoc run is applied: the reference one fitted by the stage-1
 bundle (TS by default) or, with ``site``, whatever ``lungcal recalibrate`` stored at that site (TS,
-Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.evaluate.calibrators`).
+Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.evaluate.calibrators`). When that site's
+recalibration also stored a decision threshold with a missed-cancer guarantee (``--miss-rate``), each CT
+is called positive (work-up) or not by it, and its record states the guarantee (``decision``).
 
 Order of work: inputs (:mod:`lungcal.engine.data.inputs`), model, calibrator, referral rule and series
 checks are resolved first, so a user error (no CT, unknown run, unknown site, a refused series)
@@ -31,7 +33,12 @@ from lungcal.candidates.cache import BagParams, masker_from_config
 from lungcal.engine.data.cohort import resolve_output_dir
 from lungcal.engine.data.inputs import CT_SUFFIXES, KEY_FILE, input_rows, write_key
 from lungcal.engine.data.series_qc import log_warnings, qc_csv_rows, refuse_failed, screen, write_qc_csv
-from lungcal.engine.evaluate.calibrators import reference_calibrator, site_calibrator, temperature_calibrator
+from lungcal.engine.evaluate.calibrators import (
+    reference_calibrator,
+    site_calibrator,
+    site_guarantee,
+    temperature_calibrator,
+)
 from lungcal.engine.evaluate.cases import ReferralRule, answer_line, case_record
 from lungcal.engine.evaluate.pictures import gallery_selection, write_pictures
 from lungcal.engine.infer.scoring import score_rows, write_outputs
@@ -65,7 +72,8 @@ class InferenceRun:
             JSON whose rows need only ``image`` (:func:`lungcal.engine.data.inputs.input_rows`).
         stage1_run_id / checkpoint: the model (default: latest finished stage-1 run).
         temperature: overrides the temperature (1.0 = uncalibrated) when set.
-        site: apply the calibrator ``lungcal recalibrate`` stored for this site (any kind).
+        site: apply the calibrator ``lungcal recalibrate`` stored for this site (any kind), and its
+            decision threshold when it stored one (``--miss-rate``).
         output: the output folder (default ``<output_dir>/inference/<timestamp>``).
         output_dir, tracking_uri, device, num_workers, batch_size: as for the stage-1 bundles.
         qc: series-check thresholds (the bundle's ``qc`` section); a CT that fails a check is
@@ -134,6 +142,14 @@ class InferenceRun:
         cal = self.resolve_calibrator(run)
         return 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
 
+    def resolve_decision(self, run):
+        """The site's guaranteed decision threshold (:func:`site_guarantee`), from the run whose calibrator
+        :meth:`resolve_calibrator` applies; ``None`` without ``site``, with an explicit temperature (the
+        threshold belongs to the site calibrator's probabilities), or when the site's run stored none."""
+        if not self.site or run is None or self.temperature is not None:
+            return None
+        return site_guarantee(self.tracking_uri, run, self.site)
+
     def resolve_rule(self, run) -> ReferralRule:
         """``refer_below`` when given, else the validation rule of the applied calibrator's run, else none."""
         if self.rule is not None:
@@ -151,6 +167,7 @@ class InferenceRun:
         temp = 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
         cal_name = "none" if cal is None else str(cal.name)
         rule = self.resolve_rule(stage1.run)
+        decision = self.resolve_decision(stage1.run)
         reports: list = [None] * len(rows)
         if self.qc is not None:  # scoring refuses a series that fails a check; warnings are logged
             stored = BagParams.from_any(stage1.bag_params).preprocess.get("masker")  # None: the default
@@ -170,14 +187,15 @@ class InferenceRun:
         with RunTracker(self._experiment(stage1.run), f"{self.mode}-{time.strftime('%Y%m%d-%H%M%S')}",
                         tracking_uri=self.tracking_uri, tags=tags, parent_run_id=stage1.run_id) as tracker:
             tracker.log_params({"n_inputs": len(rows), "calibrator": cal_name, "site": self.site or "reference",
-                                "temperature": temp, "referral": rule.as_dict(), "pictures": self.pictures,
+                                "temperature": temp, "referral": rule.as_dict(),
+                                "decision": None if decision is None else decision.as_dict(), "pictures": self.pictures,
                                 "top_k": self.top_k, "qc": self.qc is not None, "bag_params": stage1.bag_params})
             scores = score_rows(stage1.network, rows, stage1.bag_params, cal,
                                 cache_dir=self.output_dir / "cache" / "bags", device=self.device,
                                 batch_size=self.batch_size, num_workers=self.num_workers, predict_fn=self.predict_fn)
             model = {"run_id": stage1.run_id, "site": self.site, "calibrator": cal_name, "mlflow_run": tracker.run_id}
-            cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model, qc=reports[i])
-                     for i in range(len(rows))]
+            cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model, qc=reports[i],
+                                 decision=decision) for i in range(len(rows))]
             paths = write_outputs(self.output, scores, cases, temp)
             key = write_key(rows, self.output)  # local only: it holds the input paths
             qc_path = write_qc_csv(self.output / "qc.csv", qc_csv_rows(rows, reports))
@@ -193,17 +211,22 @@ class InferenceRun:
             metrics = {"n_scored": len(cases), "mean_probability": float(np.mean(scores["probs"][:, 1]))}
             if rule.threshold is not None:
                 metrics.update(n_referred=sum(bool(r) for r in referred), referral_threshold=rule.threshold)
+            if decision is not None:
+                metrics.update(n_work_up=sum(bool(c["decision"]["positive"]) for c in cases),
+                               decision_threshold=decision.threshold)
             tracker.log_metrics(metrics)
             run_id = tracker.run_id
         lines = [answer_line(c) for c in cases]
         print("\n".join([f"== lungcal {'predict' if self.mode == 'predict' else 'inference'} ==", *lines,
                          f"  {len(rows)} CT(s), calibrator {cal!r}; {rule.describe()}",
+                         *([f"  decision at site {self.site}: {decision.statement()}"] if decision else []),
                          f"  written to {self.output} (cases/<pseudonym>.json + .png, predictions.csv)",
                          f"  {KEY_FILE} there maps each pseudonym to its input file: kept local, never logged",
                          f"  MLflow run {run_id}"]), flush=True)
         return {"output": str(self.output), "temperature": temp, "calibrator": cal_name,
                 "probabilities": scores["probs"][:, 1].tolist(), "cases": cases, "run_id": run_id,
-                "key": str(key), "referral": rule.as_dict()}
+                "key": str(key), "referral": rule.as_dict(),
+                "decision": None if decision is None else decision.as_dict()}
 
     def _experiment(self, run) -> str:
         if run is None:

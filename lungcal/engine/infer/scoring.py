@@ -30,7 +30,7 @@ __all__ = ["MEMBER_SAMPLES", "score_rows", "write_outputs"]
 #: the key of MC-dropout / ensemble member probabilities ``(M, N, C)`` in a predict function's output
 MEMBER_SAMPLES = "samples"
 PREDICTION_COLUMNS = ("subject", "probability", "temperature", "top_candidate", "top_attention", "calibrator",
-                      "confidence", "referred", "entropy", "mutual_information", "probability_sd")
+                      "confidence", "referred", "entropy", "mutual_information", "probability_sd", "work_up")
 
 
 def score_rows(network, rows: Sequence[Mapping[str, Any]], bag_params, calibrator, *, cache_dir: str | os.PathLike,
@@ -76,12 +76,13 @@ def write_outputs(folder: str | os.PathLike, scores: Mapping[str, Any], cases: S
         for i, case in enumerate(cases):
             att = np.asarray(scores["attention"][i])
             j = int(att.argmax()) if att.size else -1
-            unc, ref = case["uncertainty"], case["referral"]
+            unc, ref, dec = case["uncertainty"], case["referral"], case.get("decision")
             w.writerow([case["pseudonym"], f"{case['probability']:.6f}",
                         "" if temperature != temperature else f"{temperature:.4f}", j,
                         f"{att[j]:.6f}" if j >= 0 else "", case["calibrator"], f"{case['confidence']:.6f}",
                         "" if ref["refer"] is None else int(ref["refer"]), f"{unc['entropy']:.6f}",
-                        _fmt(unc["mutual_information"]), _fmt(unc["probability_sd"])])
+                        _fmt(unc["mutual_information"]), _fmt(unc["probability_sd"]),
+                        "" if dec is None else int(dec["positive"])])
     for i, case in enumerate(cases):
         c, att = scores["candidates"][i], np.asarray(scores["attention"][i])
         with atomic_write(folder / "candidates" / f"{case['pseudonym']}.csv", "w", newline="") as f:

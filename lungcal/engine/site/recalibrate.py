@@ -26,6 +26,12 @@ The test split is never used for fitting. The result is logged as one MLflow run
 for the chosen row and ``test_<row>/...`` for the others, ``temperature`` when TS is chosen,
 and ``lungcal.fit_warning`` when the chosen fit is "no signal". Everything is checked before the
 run is opened, so a bad input leaves no run behind.
+
+With ``--miss-rate ALPHA`` (and ``--confidence``, 1 - delta), the run also holds a decision threshold
+chosen on the val split's probabilities of the chosen calibrator, whose missed-cancer rate is at most
+ALPHA with probability 1 - delta (:mod:`lungcal.engine.site.threshold`): ``val/threshold_missrate``, the
+positive rate on val and test, the test sensitivity with its CI, and ``guarantee.json``, which
+``predict --site`` applies and states per CT. A val split with too few cancers is refused first.
 """
 from __future__ import annotations
 
@@ -60,10 +66,12 @@ from lungcal.engine.evaluate.reports import evaluate_probs, log_split
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.site.recalibrate_summary import format_summary
+from lungcal.engine.site.threshold import SiteThreshold, check_cancers, check_levels, site_threshold
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import (
     CT_EXPERIMENT,
+    GUARANTEE_ARTIFACT,
     TAG_CALIBRATOR,
     TAG_DATASET,
     TAG_FIT_WARNING,
@@ -205,13 +213,16 @@ class Recalibration:
     tracking_uri: str
     qc_skipped: dict[str, int]
     run_id: str | None = None
+    #: the guaranteed decision threshold (``--miss-rate``), fitted on val, with its test numbers
+    threshold: SiteThreshold | None = None
 
 
 def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", prevalence: float | str | None = None,
                 unlabelled: str | Path | None = None, source_prevalence: float | str | None = None,
                 site: str | None = None, experiment: str = CT_EXPERIMENT, n_bins: int = 10, n_bootstrap: int = 1000,
                 seed: int = 0, tracking_uri: str | None = None, output_dir: str | Path | None = None,
-                num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True) -> Recalibration:
+                num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True,
+                miss_rate: float | str | None = None, confidence: float | str | None = None) -> Recalibration:
     """Fit recalibrators on a site's validation split and evaluate each on its test split.
 
     Args:
@@ -229,6 +240,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
             left out of val, test and the unlabelled CTs (counts in ``qc_skipped``); ``None`` skips
             the checks.
         log: record an MLflow run.
+        miss_rate: the missed-cancer rate allowed (alpha, in (0, 1)): adds the decision threshold chosen on
+            the val split's probabilities of the chosen calibrator (:mod:`lungcal.engine.site.threshold`).
+        confidence: the probability (1 - delta) that the guarantee holds over the val draw (default 0.9;
+            only with ``miss_rate``).
 
     Returns:
         a :class:`Recalibration` (``run_id`` set when ``log``).
@@ -238,6 +253,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     prevalence = check_prevalence(prevalence) if prevalence is not None else None
     source_prevalence = (check_prevalence(source_prevalence, "--source-prevalence")
                          if source_prevalence is not None else None)
+    if confidence is not None and miss_rate is None:
+        raise ConfigError("--confidence is the confidence of the --miss-rate guarantee", field="--confidence",
+                          fix="add --miss-rate ALPHA (e.g. 0.05), or drop --confidence")
+    levels = check_levels(miss_rate, confidence) if miss_rate is not None else None
     if method == PRIOR and prevalence is None and unlabelled is None:
         raise ConfigError("--method prior needs the site's prevalence", field="--method",
                           fix="add --prevalence P (known) or --unlabelled DATALIST (estimated by EM)")
@@ -246,6 +265,8 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         raise DataError("datalist not found", file=datalist, field="--datalist",
                         fix="create it with `lungcal import-site`, then run `lungcal check-data`")
     val_rows, test_rows, site_from_rows = _site_rows(datalist)
+    if levels is not None:  # too few cancers for the guarantee: refused before anything is loaded
+        check_cancers(val_rows, *levels, datalist)
     unl_rows = unlabelled_rows(unlabelled) if unlabelled is not None else None
     out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
     uri = tracking_uri or default_tracking_uri(out_dir)
@@ -265,6 +286,8 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     if unl_rows is not None:
         unl_rows, skipped["unlabelled"] = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
     _site_labels(val_rows, test_rows, datalist)
+    if levels is not None:  # and again once the series checks have left CTs out, before any bag is scored
+        check_cancers(val_rows, *levels, datalist)
     val, test = (score_rows(net, r, bag_params, None, cache_dir=cache, num_workers=num_workers)
                  for r in (val_rows, test_rows))
     unl = None if unl_rows is None else score_rows(net, unl_rows, bag_params, None, cache_dir=cache,
@@ -296,6 +319,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     # no local method (only with --method prior): the prior row
     chosen_row = chosen_local if chosen_local is not None else ("prior" if prevalence is not None else "em")
     chosen_cal = stored[chosen_row]
+    threshold = None
+    if levels is not None:  # fitted on val only; test only reports what it does
+        threshold = site_threshold(calibrated_probs(chosen_cal, val["logits"]), np.asarray(val["labels"]),
+                                   probs[chosen_row], np.asarray(test["labels"]), *levels)
 
     rows = {}
     for key, p in probs.items():
@@ -320,7 +347,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         reference=rows.get(shipped_key) if shipped_key != "uncalibrated" else None, after=rows[chosen_row],
         temperature=temp, reference_temperature=ref_temp, parent_run=parent, stage1=stage1_name, site=site,
         n_val=len(val_rows), n_test=len(test_rows), tracking_uri=uri,
-        qc_skipped={k: len(v) for k, v in skipped.items()})
+        qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold)
     if not log:
         return result
     _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap)
@@ -347,11 +374,16 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
                   "bag_params": bag_params, "retrained": False, "rows": list(probs)}
         if res.priors.get("source"):
             params["source_prior_from"] = res.priors["source"]
+        if res.threshold is not None:
+            g = res.threshold.guarantee
+            params.update(miss_rate=g.alpha, confidence=1 - g.delta, threshold_method=g.method)
         tr.log_params(params)
         tr.log_dict({**params, "cv_nll": res.cv_nll, "warnings": res.warnings}, "config/resolved.json")
         metrics = {k: v for k, v in res.priors.items() if isinstance(v, (int, float))}
         metrics["val/n_events"] = res.n_events
         metrics[REFERRAL_METRIC] = referral_threshold(calibrated_probs(cal, val["logits"]))  # inference's rule
+        if res.threshold is not None:
+            metrics.update(res.threshold.metrics())
         if res.temperature is not None:
             metrics["temperature"] = res.temperature
         if res.reference_temperature is not None:
@@ -368,4 +400,6 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
                       workdir=work, title=f"{stage1_name}+{key} @ {site}")
         state = atomic_write_text(work / f"{cal.name}.json", cal.to_json())
         tr.log_artifact(state, "calibrator")
+        if res.threshold is not None:
+            tr.log_dict(res.threshold.as_dict(), GUARANTEE_ARTIFACT)
         res.run_id = tr.run_id

@@ -7,8 +7,9 @@ from lungcal.workflow import with_ci
 
 if TYPE_CHECKING:  # recalibrate imports this module to print its result
     from lungcal.engine.site.recalibrate import Recalibration
+    from lungcal.engine.site.threshold import SiteThreshold
 
-__all__ = ["ROW_LABELS", "format_summary"]
+__all__ = ["ROW_LABELS", "format_summary", "threshold_lines"]
 
 #: display names of the fixed rows (local calibrators show as ``local <name>``)
 ROW_LABELS = {"uncalibrated": "uncalibrated", "prior": "prior-adjusted", "em": "EM prior-adjusted"}
@@ -22,6 +23,20 @@ def _label(key: str) -> str:
     if key.startswith("reference_"):
         return f"shipped ({key[len('reference_'):]})"
     return f"local {key}"
+
+
+def threshold_lines(t: SiteThreshold, site: str) -> list[str]:
+    """The guaranteed decision threshold: what it guarantees (fitted on val), and what it did on val and test."""
+    g = t.guarantee
+    lo, hi = t.test_sensitivity_ci
+    return [f"  decision      p(cancer) >= {g.threshold:.4f} -> work-up, chosen on the val split "
+            f"({g.n_cancers} cancers among {g.n} CTs; Learn-then-Test): at most {100 * g.alpha:g}% of cancers below "
+            f"it, with probability at least {100 * (1 - g.delta):g}%",
+            f"                work-up rate val {100 * g.positive_rate:.1f}%, test {100 * t.test_positive_rate:.1f}%; "
+            f"sensitivity val {100 * g.sensitivity:.1f}%, test {100 * t.test_sensitivity:.1f}% "
+            f"[{100 * lo:.1f}-{100 * hi:.1f}] (Clopper-Pearson 95%, {t.test_cancers} cancers)",
+            "                the guarantee is over the population the val split was drawn from, at the site's "
+            f"prevalence; `lungcal predict --site {site}` applies it and states it per CT"]
 
 
 def format_summary(res: Recalibration) -> str:
@@ -56,6 +71,8 @@ def format_summary(res: Recalibration) -> str:
         lines.append("  cross-validated NLL on val: " + ", ".join(f"{k} {v:.4f}" for k, v in res.cv_nll.items()))
     lines.append("  slope 1, intercept 0 and O/E 1 = calibrated; p(calibrated): consistency-resampling p-value of "
                  "the ECE (small = miscalibrated on this site)")
+    if res.threshold is not None:
+        lines.extend(threshold_lines(res.threshold, res.site))
     for name, flags in (res.warnings or {}).items():
         note = " -> the chosen calibrator is NO SIGNAL, not a result" if name == chosen else ""
         lines.append(f"  WARNING {name}: {'; '.join(flags)}{note}")
