@@ -262,9 +262,10 @@ def _hash_file(h, f: Path, mode: str) -> None:
 
 
 #: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint);
-#: detector_config.py maps a detector's config to the detector, and that config is in the key itself
+#: detector_config.py maps a detector's config to the detector, and that config is in the key itself;
+#: acquisition.py measures a CT for the series-check report, it changes no voxel of a bag
 _NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "bagfile.py", "evaluate.py", "froc.py",
-                "detector_config.py"}
+                "detector_config.py", "acquisition.py"}
 
 
 @functools.lru_cache(maxsize=1)

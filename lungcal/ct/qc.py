@@ -29,6 +29,11 @@ tapering part, as a share of the lung, is the measured value. A thin tip or cres
 slice is a few tenths of a percent; a scan that stops in the middle of the lungs is tens of
 percent.
 
+Beside the checks, the report carries the CT's acquisition statistics
+(:class:`~lungcal.ct.acquisition.AcquisitionStats`: slice thickness, pixel size, HU of air, noise,
+edge width), measured on the volume already read, so that a site check compares them at no extra
+read (:mod:`lungcal.engine.data.series_qc` caches them with the report).
+
 Arrays are ``(X, Y, Z)`` in RAS, as :func:`lungcal.ct.io.load_ct` returns them: the last slice is
 the top (superior), x grows towards the patient's right, y towards the front.
 """
@@ -49,6 +54,7 @@ from monai.transforms import MapTransform
 
 from lungcal.errors import ConfigError, DataError, LungcalError
 
+from .acquisition import AcquisitionStats, acquisition_stats
 from .io import SERIES_INFO, load_ct
 from .masking import LungMasker, Masker, Spacing, mask_like, run_masker
 from .qc_checks import (
@@ -80,12 +86,15 @@ class QCReport:
         name: what was checked (a file or a pseudonym), for messages; never written to ``as_rows``.
         seconds: time spent on the checks and the lung mask (not on reading the image).
         lung_volume_ml: the lung mask's volume (None when not measured).
+        acquisition: the CT's acquisition statistics (:mod:`lungcal.ct.acquisition`; None when not
+            measured: not a 3D volume, or ``check_series(acquisition=False)``).
     """
 
     checks: list[QCCheck] = field(default_factory=list)
     name: str | None = None
     seconds: float = 0.0
     lung_volume_ml: float | None = None
+    acquisition: AcquisitionStats | None = None
 
     def __getitem__(self, name: str) -> QCCheck:
         for c in self.checks:
@@ -136,6 +145,11 @@ class QCReport:
         lines = [f"{(self.name or 'series')}: {self.verdict.upper()} ({self.seconds:.1f} s)"]
         for c in self.checks:
             lines.append(f"  {c.name:<{width}}  {c.verdict:<4}  {c.value:<{vwidth}}  {c.reason}")
+        if self.acquisition is not None:
+            a = self.acquisition
+            lines.append(f"  {'acquisition':<{width}}  slices {a.slice_thickness_mm:.2f} mm, pixels "
+                         f"{a.pixel_mm:.2f} mm, air {a.air_hu:.0f} HU, noise {a.noise_hu:.1f} HU, "
+                         f"edge {a.edge_sigma_mm:.2f} mm")
         return "\n".join(lines)
 
 
@@ -143,7 +157,7 @@ class QCReport:
 def check_series(image, *, config: QCConfig | Mapping[str, Any] | None = None, masker: Masker | None = None,
                  mask: np.ndarray | None = None, spacing: Spacing | None = None,
                  info: Mapping[str, Any] | None = None, name: str | None = None, series_uid: str | None = None,
-                 **overrides: Any) -> QCReport:
+                 acquisition: bool = True, **overrides: Any) -> QCReport:
     """Run the series checks on one CT.
 
     Args:
@@ -158,6 +172,7 @@ def check_series(image, *, config: QCConfig | Mapping[str, Any] | None = None, m
         info: the DICOM series information (default: ``image.meta["series_info"]``).
         name: what to call the series in messages (default: the path).
         series_uid: with a DICOM folder holding several series, the one to check.
+        acquisition: also measure the acquisition statistics (:attr:`QCReport.acquisition`).
 
     Returns:
         :class:`QCReport`. A series that cannot be read at all raises the loader's
@@ -172,13 +187,14 @@ def check_series(image, *, config: QCConfig | Mapping[str, Any] | None = None, m
     if name is None and isinstance(image, MetaTensor):
         name = image.meta.get("filename_or_obj")
     checks = [check_series_type(info, spacing, cfg), check_geometry(arr.shape, spacing, cfg)]
-    volume = None
+    volume, acq = None, None
     if min(arr.shape) < cfg.min_slices or not np.all(np.isfinite(spacing)) or np.any(spacing <= 0):
         why = "not measured: the series is not a 3D volume (see geometry)"
         checks += [QCCheck(n, "skip", "-", why) for n in CHECKS[2:]]
     else:
         checks += [check_slice_thickness(info, spacing, cfg), check_slice_positions(info, spacing),
                    check_hu_air(arr, cfg)]
+        acq = acquisition_stats(arr, spacing, info) if acquisition else None
         if mask is None:
             mask = _safe_mask(masker or LungMasker(), arr, spacing)
         mask = np.asarray(mask).astype(bool, copy=False).reshape(arr.shape)
@@ -190,7 +206,7 @@ def check_series(image, *, config: QCConfig | Mapping[str, Any] | None = None, m
         else:
             checks += check_extent(mask, spacing, cfg)
     return QCReport(checks, name=None if name is None else str(name), seconds=time.perf_counter() - t0,
-                    lung_volume_ml=volume)
+                    lung_volume_ml=volume, acquisition=acq)
 
 
 def _unpack(image, spacing, info) -> tuple[np.ndarray, np.ndarray, dict]:

@@ -26,15 +26,29 @@ def _floats(text: str, n: int, name: str) -> tuple[float, ...]:
     return vals
 
 
+#: one pinned scanner unless --scanner-mix: these flags' defaults (None on the parser, so that an explicit one is seen)
+_PINNED_NOISE_HU, _PINNED_KERNEL_MM, _PINNED_SPACING = 20.0, 0.7, "2.5,2.5,2.5"
+_PINS = ("noise_hu", "kernel_mm", "spacing")
+
+
 def _cmd_synth(args) -> int:
     from .synthetic import ScannerProfile, make_cohort
 
     shape = tuple(int(v) for v in _floats(args.shape, 3, "shape"))
-    scanner = ScannerProfile(site=args.site, noise_hu=args.noise_hu, kernel_sigma_mm=args.kernel_mm,
-                             hu_offset=args.hu_offset)
+    pins = [k for k in _PINS if getattr(args, k) is not None]
+    if args.scanner_mix and pins:
+        flags = ", ".join("--" + k.replace("_", "-") for k in pins)
+        raise ConfigError(f"{flags} pin one scanner, --scanner-mix draws each CT's scanner", field=pins[0],
+                          fix=f"drop {flags} (the mix draws noise, kernel, pixel and slice sizes; --shape x 2.5 mm is "
+                              "the field of view), or drop --scanner-mix")
+    noise = _PINNED_NOISE_HU if args.noise_hu is None else float(args.noise_hu)
+    kernel = _PINNED_KERNEL_MM if args.kernel_mm is None else float(args.kernel_mm)
+    spacing = _PINNED_SPACING if args.spacing is None else str(args.spacing)
+    scanner = ScannerProfile(site=args.site, noise_hu=noise, kernel_sigma_mm=kernel, hu_offset=args.hu_offset)
     path = make_cohort(args.out, n_subjects=args.n, prevalence=args.prevalence, seed=args.seed, shape=shape,
-                       spacing=_floats(args.spacing, 3, "spacing"), formats=tuple(args.formats.split(",")),
-                       scanner=scanner, splits=_floats(args.splits, 3, "splits"), num_workers=args.workers)
+                       spacing=_floats(spacing, 3, "spacing"), formats=tuple(args.formats.split(",")),
+                       scanner=scanner, scanner_mix=args.scanner_mix or None, splits=_floats(args.splits, 3, "splits"),
+                       num_workers=args.workers)
     print(f"wrote {path}")
     return 0
 
@@ -94,11 +108,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prevalence", type=float, default=0.4, help="P(cancer) (default 0.4; NLST-like 0.11)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", default="128,128,96", help="voxels X,Y,Z (default 128,128,96)")
-    p.add_argument("--spacing", default="2.5,2.5,2.5", help="mm (default 2.5,2.5,2.5)")
+    p.add_argument("--spacing", default=None, help="mm (default 2.5,2.5,2.5); pins one scanner's grid")
     p.add_argument("--formats", default="dicom,nifti", help="dicom and/or nifti; the datalist uses the first")
     p.add_argument("--site", default="synthetic", help="site name in the rows")
-    p.add_argument("--noise-hu", type=float, default=20.0, help="image noise SD in HU")
-    p.add_argument("--kernel-mm", type=float, default=0.7, help="reconstruction blur sigma in mm")
+    p.add_argument("--noise-hu", type=float, default=None, help="image noise SD in HU (default 20); pins one scanner")
+    p.add_argument("--kernel-mm", type=float, default=None,
+                   help="reconstruction blur sigma in mm (default 0.7); pins one scanner")
+    p.add_argument("--scanner-mix", default=None, metavar="NAME",
+                   help="each CT draws its slice thickness, pixel size, kernel and noise from this mix of named "
+                        "scanner profiles (four_vendors; lungcal/data/synthetic/scanners.py); default: one scanner")
     p.add_argument("--hu-offset", type=float, default=0.0, help="HU calibration offset")
     p.add_argument("--splits", default="0.6,0.2,0.2", help="train,val,test fractions")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all CPUs)")

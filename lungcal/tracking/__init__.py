@@ -2,7 +2,7 @@
 
 - ``names.py``: every tag and metric name, defined once;
 - ``tracker.py``: :class:`RunTracker` (one MLflow run; flattened, privacy-filtered params);
-- ``lookup.py``: linked-run look-ups (stage-1 run, its checkpoint, its post-hoc runs);
+- ``lookup.py``: linked-run look-ups (stage-1 run, its checkpoint, its acquisition summary, its post-hoc runs);
 - ``commands.py``: ``lungcal ui``.
 
 The names are imported at once; the tracker and the look-ups (MLflow, torch) only when first used, so that
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         linked_calibrator_run,
         linked_runs,
         linked_temperature,
+        run_acquisition_summary,
     )
     from lungcal.tracking.tracker import (
         RunTracker,
@@ -40,12 +41,12 @@ _LAZY = {
                                                      "file_digest", "flatten_config", "privacy_filter")},
     **{name: "lungcal.tracking.lookup" for name in ("add_run_metrics", "artifact_checkpoint", "find_stage1_run",
                                                     "linked_calibrator", "linked_calibrator_run", "linked_runs",
-                                                    "linked_temperature")},
+                                                    "linked_temperature", "run_acquisition_summary")},
 }
 
 __all__ = [*_names, "RunTracker", "artifact_root_for", "default_tracking_uri", "file_digest", "flatten_config",
            "privacy_filter", "add_run_metrics", "artifact_checkpoint", "find_stage1_run", "linked_calibrator",
-           "linked_calibrator_run", "linked_runs", "linked_temperature"]
+           "linked_calibrator_run", "linked_runs", "linked_temperature", "run_acquisition_summary"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,9 @@
 
 A tiny datalist (the 15-CT synthetic cohort at 5 mm of the bundle tests) in which one train CT
 lost its top 40 mm (the apices): the stage-1 bundle skips it, prints the count and the reason
-table and logs ``qc.csv`` to the stage-1 run; the inference bundle refuses it in one line with
-exit code 2, naming the pseudonym, the check and the measured value (never the path).
+table and logs ``qc.csv`` (and the train split's acquisition summary) to the stage-1 run; the
+inference bundle refuses it in one line with exit code 2, naming the pseudonym, the check and the
+measured value (never the path).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from monai.bundle import run
 
 from lungcal.data.synthetic import make_cohort
-from lungcal.tracking import TAG_STAGE2, default_tracking_uri
+from lungcal.tracking import TAG_STAGE2, default_tracking_uri, run_acquisition_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 #: thresholds that accept the tiny cohort's 5 mm slices and pixels (the defaults refuse both)
@@ -71,6 +72,11 @@ def test_training_skips_the_failing_ct_and_logs_qc_csv_then_scoring_refuses_it(d
     assert len({r["pseudonym"] for r in rows}) == 15 and set(rows[0]) == {"pseudonym", "check", "verdict", "value"}
     assert [r["verdict"] for r in rows if r["pseudonym"] == cut and r["check"] == "lung_coverage"] == ["fail"]
     assert str(path.parent) not in text and "apexless" not in text
+    # the training split's acquisition, summarised without identifiers, for a site check (issue 32)
+    acquisition = run_acquisition_summary(default_tracking_uri(store), s1.info.run_id)
+    assert acquisition["split"] == "train" and acquisition["n"] == n_train - 1 == acquisition["n_measured"]
+    assert acquisition["profiles"] == {"pinned": n_train - 1} and acquisition["fields"]["pixel_mm"]["mean"] == 5.0
+    assert not any(r["pseudonym"] in json.dumps(acquisition) for r in rows)
 
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", "bundles/inference.json",
            "--inputs", str(path), "--output_dir", str(store), "--num_workers", "0",

@@ -142,7 +142,8 @@ def test_report_refusal_rows_and_text(phantom, tmp_path):
     assert [r["check"] for r in rows] == list(CHECKS)
     assert all(set(r) == {"pseudonym", "check", "verdict", "value"} for r in rows)
     assert "patient_123" not in repr(rows)  # no paths in the qc.csv rows
-    assert len(report.format().splitlines()) == len(CHECKS) + 1
+    assert len(report.format().splitlines()) == len(CHECKS) + 2  # a title, the checks, the acquisition
+    assert report.format().splitlines()[-1].split()[0] == "acquisition"
     check_series(hu, spacing=SPACING).raise_if_failed("x")  # a passing series raises nothing
 
 

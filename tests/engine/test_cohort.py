@@ -20,7 +20,7 @@ from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCCheck, QCConfig, QCReport
 from lungcal.ct.transforms import build_preprocess
-from lungcal.data.synthetic import make_cohort
+from lungcal.data.synthetic import cohort_datalist_path, make_cohort
 from lungcal.engine.data import series_qc
 from lungcal.engine.data.bagbuild import bag_tasks
 from lungcal.engine.data.cohort import CTCohort, chain_masker
@@ -290,3 +290,82 @@ def test_a_plugged_in_detector_builds_the_bags_and_a_checkpoint_rebuilds_it(cut_
     scored = build_bags(rows, stored, cohort.cache_dir, num_workers=0, progress=False)
     assert {Path(r["bag"]) for r in scored} <= set(entries)
     assert {f: f.stat().st_mtime_ns for f in sorted((tmp_path / "cache" / "bags").glob("*.npz"))} == stamps
+
+
+# --- acquisition statistics: measured by the series checks, cached with them, summarised per split --------------------
+class _DictTracker:
+    def __init__(self):
+        self.dicts = {}
+
+    def log_dict(self, data, name):
+        self.dicts[name] = json.loads(json.dumps(data))
+
+
+def test_the_train_splits_acquisition_summary_has_no_identifier_and_comes_from_the_cached_checks(cut_cohort, tmp_path,
+                                                                                                 monkeypatch):
+    path, cut = cut_cohort
+    cohort = CTCohort(str(path), spacing=(5.0, 5.0, 5.0), patch_size=8, output_dir=tmp_path, num_workers=0,
+                      qc=TINY_QC).load()
+    tracker = _DictTracker()
+    cohort.log_acquisition(tracker)
+    summary = tracker.dicts["data/acquisition.json"]
+    n_train = len(cohort.splits["train"]["subjects"])  # the CT that failed a check is not among them
+    assert summary["split"] == "train" and summary["measured"] and summary["n"] == summary["n_measured"] == n_train
+    assert summary["profiles"] == {"pinned": n_train} and summary["kernels"] == {"sharp": n_train}
+    fields = summary["fields"]
+    assert set(fields) == {"slice_thickness_mm", "slice_spacing_mm", "pixel_mm", "air_hu", "noise_hu", "edge_sigma_mm"}
+    assert fields["slice_thickness_mm"]["quantiles"]["0.5"] == 5.0 and fields["pixel_mm"]["mean"] == 5.0
+    assert fields["air_hu"]["n"] == n_train and -1010 < fields["air_hu"]["mean"] < -990
+    assert 15 < fields["noise_hu"]["quantiles"]["0.5"] < 25  # the cohort's scanner: 20 HU
+    text = json.dumps(summary)
+    subjects = [r["subject"] for r in json.loads(path.read_text())["rows"]]
+    assert not any(s in text for s in subjects) and str(path.parent) not in text and "dicom" not in text
+    # the numbers come from the series-check cache: a warm cohort measures nothing again and finds the same
+    monkeypatch.setattr(series_qc, "check_series", lambda *a, **k: pytest.fail("checked a CT twice"))
+    warm = CTCohort(str(path), spacing=(5.0, 5.0, 5.0), patch_size=8, output_dir=tmp_path, num_workers=0,
+                    qc=TINY_QC).load()
+    assert warm.acquisition_summary() == summary
+    assert cohort.acquisition_summary("test")["n"] == len(cohort.splits["test"]["subjects"])
+
+
+def test_without_series_checks_the_summary_counts_the_rows_profiles_only(cut_cohort, tmp_path):
+    path, _ = cut_cohort
+    cohort = CTCohort(str(path), spacing=(5.0, 5.0, 5.0), patch_size=8, output_dir=tmp_path, num_workers=0, qc=None)
+    cohort.rows()
+    summary = cohort.acquisition_summary()
+    n_train = sum(r["split"] == "train" for r in json.loads(path.read_text())["rows"])
+    assert not summary["measured"] and summary["n"] == n_train and summary["n_measured"] == 0
+    assert summary["profiles"] == {"pinned": n_train} and summary["fields"]["noise_hu"]["n"] == 0
+
+
+def test_a_qc_v1_cache_entry_is_checked_again_and_the_new_entry_holds_the_acquisition(cut_cohort, tmp_path):
+    path, _ = cut_cohort
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["split"] == "val"][:1]
+    for r in rows:
+        r["image"] = str(path.parent / r["image"]) if not Path(r["image"]).is_absolute() else r["image"]
+    cache = tmp_path / "qc"
+    (first,) = series_qc.screen(rows, TINY_QC, cache, progress=False)
+    assert first.acquisition is not None and first.acquisition.slice_thickness_mm == 5.0
+    (entry,) = cache.glob("*.json")
+    stored = json.loads(entry.read_text())
+    assert stored["version"] == series_qc.QC_VERSION == "qc-v2" and stored["acquisition"]["noise_hu"] > 0
+    entry.write_text(json.dumps({**stored, "version": "qc-v1", "acquisition": None}))  # as written before issue 32
+    (again,) = series_qc.screen(rows, TINY_QC, cache, progress=False)
+    assert again.acquisition == first.acquisition and json.loads(entry.read_text())["version"] == "qc-v2"
+
+
+# --- the scanner-mix variant of the demo cohort (bundles/nlst_scanner_mix.json) ---------------------------------------
+def test_the_bundle_variant_gives_the_demo_cohort_its_scanner_mix(tmp_path):
+    parser = ConfigParser()
+    parser.read_config([str(ROOT / "bundles" / "nlst_focal.json"), str(ROOT / "bundles" / "nlst_scanner_mix.json")])
+    parser["output_dir"] = str(tmp_path)
+    cohort = parser.get_parsed_content("cohort")
+    assert cohort.demo_scanner_mix == "four_vendors"
+    assert parser.get_parsed_content("settings")["demo_scanner_mix"] == "four_vendors"  # in the run's params
+    expected = cohort_datalist_path("demo", tmp_path / "data", scanner_mix="four_vendors")
+    assert expected.parent.name == "synthetic_scanner_mix-four_vendors"
+    base = ConfigParser()
+    base.read_config(str(ROOT / "bundles" / "nlst_focal.json"))
+    assert "demo_scanner_mix" not in base.config  # the headline's identity is unchanged
+    with pytest.raises(ConfigError, match="unknown scanner mix"):
+        CTCohort(None, output_dir=tmp_path, demo_scanner_mix="nine_vendors")

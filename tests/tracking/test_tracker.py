@@ -10,7 +10,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from lungcal import paths, tracking
-from lungcal.errors import TrackingError
+from lungcal.errors import ConfigError, TrackingError
+from lungcal.tracking import ACQUISITION_ARTIFACT, RunTracker, run_acquisition_summary
 
 
 def test_default_uri_and_output_dir(tmp_path, monkeypatch):
@@ -90,3 +91,20 @@ def test_experiments_open_on_the_training_runs_table(tmp_path):
     for exp in (client.get_experiment_by_name("fresh"), client.get_experiment(old)):
         kind = exp.tags[tracking.MLFLOW_EXPERIMENT_KIND]
         assert kind == tracking.EXPERIMENT_KIND_TRAINING == "custom_model_development"
+
+
+def test_run_acquisition_summary_reads_what_a_stage1_run_logged(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    summary = {"version": 1, "split": "train", "n": 3, "fields": {"noise_hu": {"n": 3, "mean": 20.0}},
+               "profiles": {"vendor_a": 2, "vendor_b": 1}}
+    with RunTracker("nlst", "stage1", tracking_uri=uri) as tr:
+        tr.log_dict(summary, ACQUISITION_ARTIFACT)
+        logged = tr.run_id
+    with RunTracker("nlst", "older", tracking_uri=uri) as tr:
+        tr.log_dict({"x": 1}, "config/resolved.json")
+        older = tr.run_id
+    assert ACQUISITION_ARTIFACT == "data/acquisition.json"
+    assert run_acquisition_summary(uri, logged) == summary
+    assert run_acquisition_summary(uri, older) is None  # a run made before the summary existed
+    with pytest.raises(ConfigError, match="no MLflow run"):
+        run_acquisition_summary(uri, "0" * 32)

@@ -2,6 +2,7 @@
 
 - :mod:`.nodules`: the nodule model (class-conditional features), its exact Bayes posterior and AUC.
 - :mod:`.phantom`: one chest phantom in HU (anatomy, vessels, airways, bones, nodules, scanner).
+- :mod:`.scanners`: scanner mixes (named profiles each CT draws its slices, pixels, kernel and noise from).
 - :mod:`.writers`: DICOM series with planted fake identifiers, NIfTI.
 - :mod:`.cohort`: a cohort on disk (images, annotations, truth, datalist) and its presets (demo, study).
 """
@@ -27,12 +28,28 @@ from .nodules import (
     sample_nodule_features,
 )
 from .phantom import ScannerProfile, lung_masks, make_phantom, place_nodules, sample_anatomy
+from .scanners import (
+    FOUR_VENDORS,
+    SCANNER_MIXES,
+    Acquisition,
+    ScannerMix,
+    ScannerModel,
+    draw_acquisition,
+    kernel_name,
+)
 from .writers import fake_identifiers, write_dicom_series, write_nifti
 
 _write_nifti = write_nifti  # its name before the package split; scripts/bench_ct.py still imports it
 
 __all__ = [
     "ScannerProfile",
+    "ScannerMix",
+    "ScannerModel",
+    "Acquisition",
+    "FOUR_VENDORS",
+    "SCANNER_MIXES",
+    "draw_acquisition",
+    "kernel_name",
     "Nodule",
     "NODULE_MODEL",
     "MARGINS",

@@ -13,15 +13,29 @@ Outputs of :func:`make_cohort` (folder ``out_dir``)
     * ``cohort.json``: the parameters, the nodule model and the Bayes-reader AUC per split;
     * ``planted_identifiers.json``: every planted identifier, so privacy tests can scan logs, MLflow
       runs and caches for them. Nothing references this file;
-    * ``datalist.json`` (written last): rows ``{image, label, subject, site, split, ct}``, split by
-      patient, stratified, seeded.
+    * ``datalist.json`` (written last): rows ``{image, label, subject, site, split, ct, acquisition}``,
+      split by patient, stratified, seeded. ``acquisition`` says how the CT was acquired, never by
+      whom or on which machine: ``{profile, manufacturer, slice_thickness_mm, pixel_mm, kernel,
+      kernel_sigma_mm, noise_hu, hu_offset}`` (:class:`~.scanners.Acquisition`).
 
 Folder and file names use pseudonyms only. Everything is deterministic by ``seed`` (each CT draws
-from its own generator ``default_rng([seed, index, 7])``, its image noise from ``[seed, index, 8]``),
-so a cohort does not depend on the number of worker processes.
+from its own generator ``default_rng([seed, index, 7])``, its image noise from ``[seed, index, 8]``,
+its scanner from ``[seed, index, 9]``), so a cohort does not depend on the number of worker processes.
+
+Scanners: by default every CT comes from one pinned scanner (``scanner`` at ``spacing``; rows name
+the profile ``pinned``). With ``scanner_mix`` (a name in :data:`~.scanners.SCANNER_MIXES`, e.g.
+``"four_vendors"``) each CT draws its slice thickness, pixel size, kernel and noise from the mix's
+named profiles (:mod:`.scanners` documents the mix). Its patient is the same as in the pinned
+cohort of the same seed: label, nodules (placed on the nominal ``shape`` x ``spacing`` grid) and
+body; only the acquisition, the tissue texture and the vessel tree are drawn anew on its own grid
+over the same field of view. So a mixed and a pinned cohort of one seed hold the same subjects in
+the same splits, and a model trained on one can be scored on the other's test CTs, paired.
 
 Presets (:data:`COHORT_PRESETS`, :func:`ensure_cohort`): ``"demo"`` is the built-in default data;
-``"study"`` is the NLST-like cohort of the study (prevalence 0.11, larger val/test splits).
+``"study"`` is the NLST-like cohort of the study (prevalence 0.11, larger val/test splits). Both
+are single-scanner; ``ensure_cohort(preset, scanner_mix="four_vendors")`` makes the mixed version
+(folder ``..._scanner_mix-four_vendors``), which ships as an option: whether it should be the
+default is decided by the paired ΔAUC on the same test CTs (issue 32 item 1).
 """
 from __future__ import annotations
 
@@ -49,6 +63,7 @@ from ..manifest import load_manifest, save_manifest
 from ..splits import SPLITS, apply_splits, pseudonym
 from .nodules import NODULE_MODEL, bayes_posterior, sample_nodule_features
 from .phantom import ScannerProfile, lung_masks, make_phantom, place_nodules, sample_anatomy
+from .scanners import Acquisition, ScannerMix, ct_grid, draw_acquisition, mix_summary, pinned_acquisition, resolve_mix
 from .writers import fake_identifiers, write_dicom_series, write_nifti
 
 __all__ = [
@@ -101,6 +116,7 @@ def make_cohort(
     formats: Sequence[str] = ("dicom", "nifti"),
     *,
     scanner: ScannerProfile | dict | None = None,
+    scanner_mix: str | ScannerMix | None = None,
     splits: Sequence[float] = (0.6, 0.2, 0.2),
     image_format: str | None = None,
     salt: str | None = None,
@@ -115,9 +131,14 @@ def make_cohort(
         prevalence: P(label = 1); NLST-like 0.11, the demo uses 0.4.
         seed: everything is deterministic by seed.
         shape: ``(X, Y, Z)`` voxels per CT.
-        spacing: ``(dx, dy, dz)`` mm.
+        spacing: ``(dx, dy, dz)`` mm (with ``scanner_mix``: the nominal grid; ``shape x spacing``
+            is every CT's field of view).
         formats: any of ``"dicom"``, ``"nifti"``.
-        scanner: :class:`ScannerProfile` (or its dict): site name, noise, kernel, HU offset.
+        scanner: :class:`ScannerProfile` (or its dict): site name, noise, kernel, HU offset. With
+            ``scanner_mix`` only its site name and HU offset apply.
+        scanner_mix: None (every CT from ``scanner`` at ``spacing``), or a mix (a name in
+            :data:`~.scanners.SCANNER_MIXES` or a :class:`~.scanners.ScannerMix`) each CT draws
+            its acquisition from.
         splits: train/val/test fractions (patient-level, stratified, seeded).
         image_format: which format the datalist points to (default: the first of ``formats``).
         salt: pseudonym salt (default ``"synthetic-<seed>"`` so a cohort is reproducible).
@@ -128,12 +149,13 @@ def make_cohort(
     image_format = image_format or (formats[0] if formats else None)
     _check_parameters(n_subjects, prevalence, shape, spacing, formats, image_format)
     scanner = ScannerProfile(**scanner) if isinstance(scanner, dict) else (scanner or ScannerProfile())
+    mix = resolve_mix(scanner_mix)
     out = Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     salt = salt if salt is not None else f"synthetic-{seed}"
     tasks = [{"seed": int(seed), "index": i, "shape": tuple(int(s) for s in shape),
               "spacing": tuple(float(s) for s in spacing), "prevalence": float(prevalence),
-              "scanner": asdict(scanner), "formats": formats, "out_dir": str(out), "salt": salt}
+              "scanner": asdict(scanner), "mix": mix, "formats": formats, "out_dir": str(out), "salt": salt}
              for i in range(n_subjects)]
     workers = num_workers if num_workers is not None else (os.cpu_count() or 1)
     t0 = time.perf_counter()
@@ -151,7 +173,7 @@ def make_cohort(
     bar.close()
 
     rows = [{"image": r["images"][image_format], "label": r["label"], "subject": r["subject"],
-             "site": scanner.site, "split": "", "ct": r["ct"]} for r in results]
+             "site": scanner.site, "split": "", "ct": r["ct"], "acquisition": r["acquisition"]} for r in results]
     rows = apply_splits(rows, splits, seed=seed, keep_existing=False)
     _write_annotations(out / "annotations.csv", results)
     _write_truth(out / "truth.csv", results)
@@ -162,6 +184,7 @@ def make_cohort(
     auc = _auc_by_split([r["label"] for r in results], [r["bayes_p"] for r in results], [r["split"] for r in rows])
     params = {"n_subjects": n_subjects, "prevalence": prevalence, "seed": seed, "shape": list(shape),
               "spacing": list(spacing), "formats": list(formats), "scanner": asdict(scanner),
+              "scanner_mix": None if mix is None else mix_summary(mix),
               "splits": list(splits), "image_format": image_format}
     atomic_write_text(out / "cohort.json", json.dumps({**params, "nodule_model": NODULE_MODEL, "bayes_auc": auc,
                                                        "generation_seconds": round(elapsed, 2)}, indent=1))
@@ -280,6 +303,7 @@ def _make_one(task: dict) -> dict:
     rng = np.random.default_rng([seed, i, 7])
     shape, spacing, prevalence = task["shape"], task["spacing"], task["prevalence"]
     scanner = ScannerProfile(**task["scanner"])
+    acq = _acquisition(task, scanner)
     label = int(rng.random() < prevalence)
     nb = int(rng.poisson(NODULE_MODEL["lam"]))
     db, mb, ab = sample_nodule_features(rng, False, nb)
@@ -291,6 +315,9 @@ def _make_one(task: dict) -> dict:
     origin = -(np.asarray(shape) - 1) / 2 * np.asarray(spacing, np.float32)
     lung_mask, _ = lung_masks(tuple(shape), np.asarray(spacing, np.float32), origin, anat)
     nodules = place_nodules(rng, lung_mask[0] | lung_mask[1], spacing, origin, feats)
+    if task["mix"] is not None:  # the same patient on this CT's own scanner and grid (same field of view)
+        shape, spacing = ct_grid(acq, np.asarray(shape) * np.asarray(spacing))
+        scanner = acq.scanner(scanner.site)
     hu, origin, _ = make_phantom(np.random.default_rng([seed, i, 8]), shape, spacing, nodules, scanner, anat=anat)
     ids = fake_identifiers(rng)
     subject_id = f"SIM-{seed}-{i:05d}"
@@ -306,7 +333,14 @@ def _make_one(task: dict) -> dict:
         images["nifti"] = f"nifti/{ct}.nii.gz"
     p = bayes_posterior([f[0] for f in feats], [f[1] for f in feats], [f[2] for f in feats], prevalence)
     return {"subject": subject, "ct": ct, "label": label, "images": images, "ids": ids, "bayes_p": p,
-            "nodules": [asdict(n) for n in nodules]}
+            "nodules": [asdict(n) for n in nodules], "acquisition": acq.row()}
+
+
+def _acquisition(task: dict, scanner: ScannerProfile) -> Acquisition:
+    """CT ``index``'s acquisition: drawn from the mix (its own generator), else the pinned scanner's."""
+    if task["mix"] is None:
+        return pinned_acquisition(scanner, task["spacing"])
+    return draw_acquisition(task["mix"], np.random.default_rng([task["seed"], task["index"], 9]), scanner.hu_offset)
 
 
 def _write_annotations(path: Path, results: list[dict]) -> None:

@@ -111,8 +111,12 @@ def make_phantom(rng: np.random.Generator, shape: Sequence[int], spacing: Sequen
     ph = np.mod(u + 5, step)  # within +-5 mm of a rib centre <=> ph < 10
     band = (rib_r & not_front) & (ph < 10) & (u <= 5) & (u >= -(11 * step) - 5)
     vol[band] = 700.0
-    # scanner: kernel blur, calibration offset, noise
-    if scanner.kernel_sigma_mm > 0:
+    # scanner: kernel blur (and the slice profile along z), calibration offset, noise
+    if scanner.slice_mm > 0:
+        sigma = np.full(3, float(scanner.kernel_sigma_mm))
+        sigma[2] = np.sqrt(sigma[2] ** 2 + float(scanner.slice_mm) ** 2 / 12.0)
+        vol = ndi.gaussian_filter(vol, sigma / spacing, truncate=3.0)
+    elif scanner.kernel_sigma_mm > 0:  # exactly as before slice profiles (pinned cohorts stay bit-identical)
         vol = ndi.gaussian_filter(vol, scanner.kernel_sigma_mm / spacing, truncate=3.0)
     for nod in nodules:
         _render_nodule(vol, nod, rng, spacing, origin)
@@ -278,6 +282,9 @@ class ScannerProfile:
         kernel_sigma_mm: Gaussian blur of the reconstruction kernel (mm); 0 = sharp.
         hu_offset: a calibration offset added to every voxel (HU).
         manufacturer: written to DICOM ``Manufacturer``.
+        slice_mm: the slice thickness whose profile blurs along z, as a Gaussian of
+            ``slice_mm / sqrt(12)`` added in quadrature to the kernel's (mm); 0 (the default, and
+            every cohort made before scanner mixes): the slices are sampled, not averaged.
     """
 
     site: str = "synthetic"
@@ -285,3 +292,4 @@ class ScannerProfile:
     kernel_sigma_mm: float = 0.7
     hu_offset: float = 0.0
     manufacturer: str = "LUNGCAL-SIM"
+    slice_mm: float = 0.0

@@ -12,7 +12,11 @@ so into the key and a checkpoint) as its config, from which inference rebuilds i
 
 With ``qc`` (the bundle's ``qc`` section) every CT goes through the series checks first
 (:mod:`lungcal.engine.data.series_qc`, cached per CT): a CT that fails a check is skipped, the count
-and a reason table are printed, and :meth:`CTCohort.log_qc` logs ``qc.csv`` to the run.
+and a reason table are printed, and :meth:`CTCohort.log_qc` logs ``qc.csv`` to the run. The checks
+also measure each CT's acquisition (slices, pixels, air, noise, edge width; :mod:`lungcal.ct.acquisition`):
+:meth:`CTCohort.log_acquisition` logs the training split's summary, without identifiers, as
+``data/acquisition.json`` (:data:`lungcal.tracking.ACQUISITION_ARTIFACT`), what a site check compares
+a new site's CTs with (:func:`lungcal.tracking.lookup.run_acquisition_summary` reads it back).
 
 With ``stream_bags`` (bundle key of the same name) the train split is not stacked in memory: its
 bags are read from the cache one per item (:mod:`lungcal.engine.data.bagstream`); validation and test
@@ -32,18 +36,20 @@ import torch
 
 from lungcal.candidates.cache import BagParams, build_bags, load_bag, masker_config
 from lungcal.candidates.detector_config import detector_bag_params
+from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCConfig
 from lungcal.ct.transforms import LungMaskd
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.data.synthetic import ensure_demo_cohort
+from lungcal.data.synthetic.scanners import resolve_mix
 from lungcal.engine.data.bagset import BagSet
 from lungcal.engine.data.bagstream import stream_split
-from lungcal.engine.data.series_qc import keep_passing, qc_csv_rows, screen, write_qc_csv
+from lungcal.engine.data.series_qc import acquisitions, keep_passing, qc_csv_rows, screen, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
 from lungcal.runtime.distributed import is_rank_zero, rank_zero_first
-from lungcal.tracking import file_digest
+from lungcal.tracking import ACQUISITION_ARTIFACT, file_digest
 
 __all__ = ["SPLITS", "resolve_output_dir", "load_split", "ChainPreprocess", "CTCohort", "chain_masker"]
 
@@ -100,6 +106,9 @@ class CTCohort:
         output_dir: data and caches go under it (``data/``, ``cache/bags``).
         num_workers: bag-building processes (0 = in-process).
         demo_subjects: size of the synthetic cohort when it is generated (``None``: its default).
+        demo_scanner_mix: the synthetic cohort from a scanner mix (a name in
+            :data:`lungcal.data.synthetic.SCANNER_MIXES`, e.g. ``"four_vendors"``; bundle variant
+            ``bundles/nlst_scanner_mix.json``); ``None``: one pinned scanner. Ignored with a datalist.
         qc: series-check thresholds (:class:`~lungcal.ct.qc.QCConfig` or a mapping of its
             fields): failing CTs are skipped; ``None`` checks nothing.
         stream_bags: read the train split's bags from the cache per item instead of stacking
@@ -118,6 +127,7 @@ class CTCohort:
                  spacing: Sequence[float] = (2.5, 2.5, 2.5), hu_window: Sequence[float] = (-1000, 400), k: int = 8,
                  patch_size: int = 16, output_dir: str | os.PathLike | None = None, num_workers: int = 2,
                  demo_subjects: int | None = None, qc: QCConfig | Mapping[str, Any] | None = None,
+                 demo_scanner_mix: str | None = None,
                  stream_bags: bool = False, kernel_augment_mm: Sequence[float] | float | None = None,
                  harmonize_mm: Sequence[float] | float | None = None) -> None:
         self.datalist = datalist
@@ -138,9 +148,14 @@ class CTCohort:
         self.preprocess = ChainPreprocess(preprocessing) if preprocessing is not None else None
         self.qc = None if qc is None else QCConfig.from_any(qc)
         self.qc_rows: list[dict[str, str]] = []
+        #: (image, series_uid) -> (row, acquisition statistics or None) of every row a run uses
+        self.acquired: dict[tuple[str, str], tuple[dict, AcquisitionStats | None]] = {}
         self.skipped: list[str] = []
         self.num_workers = int(num_workers)
         self.demo_subjects = demo_subjects
+        self.demo_scanner_mix = str(demo_scanner_mix) if demo_scanner_mix else None
+        if self.demo_scanner_mix is not None:
+            resolve_mix(self.demo_scanner_mix)  # ConfigError naming scanner_mix now, not after a datalist check
         if not isinstance(stream_bags, bool):
             raise ConfigError(f"stream_bags must be true or false, got {stream_bags!r}", field="stream_bags",
                               fix="set stream_bags to true (train bags read from disk) or false (in memory)")
@@ -175,9 +190,12 @@ class CTCohort:
 
     def datalist_path(self) -> Path:
         if self.datalist in (None, "", "synthetic"):
-            if self.demo_subjects is None:
-                return Path(ensure_demo_cohort(self.output_dir / "data"))
-            return Path(ensure_demo_cohort(self.output_dir / "data", n_subjects=int(self.demo_subjects)))
+            overrides: dict[str, Any] = {}
+            if self.demo_subjects is not None:
+                overrides["n_subjects"] = int(self.demo_subjects)
+            if self.demo_scanner_mix is not None:
+                overrides["scanner_mix"] = self.demo_scanner_mix
+            return Path(ensure_demo_cohort(self.output_dir / "data", **overrides))
         path = Path(str(self.datalist)).expanduser()
         if not path.is_file():
             raise DataError("datalist not found", file=path, field="datalist",
@@ -199,7 +217,10 @@ class CTCohort:
         sites = sorted({str(r.get("site", "")) for r in rows if r.get("site")})
         self.site = ",".join(sites) if sites else "unknown"
         wanted = [r for s in splits for r in rows_for_split(rows, s)]
-        return self._screen(wanted) if self.qc is not None else wanted
+        if self.qc is not None:
+            return self._screen(wanted)
+        self.acquired.update({_row_key(r): (r, None) for r in wanted})  # not measured: no series checks
+        return wanted
 
     def load(self, splits: Sequence[str] = SPLITS) -> CTCohort:
         """Build (or reuse) the bags of ``splits`` once; later calls return at once."""
@@ -225,7 +246,24 @@ class CTCohort:
                          num_workers=self.num_workers, progress=is_rank_zero())
         self.qc_rows = qc_csv_rows(rows, reports)
         kept, self.skipped = keep_passing(rows, reports, show=is_rank_zero())
+        self.acquired.update({_row_key(r): (r, a) for r, rep, a in zip(rows, reports, acquisitions(reports))
+                              if rep is None or not rep.failed})
         return kept
+
+    def acquisition_summary(self, split: str = "train") -> dict[str, Any]:
+        """The acquisition summary of the CTs of ``split`` this cohort uses (the series checks' measurements and
+        the rows' scanner-profile and kernel names; :func:`lungcal.ct.acquisition.summarize_acquisitions`),
+        plus ``split`` and ``measured`` (false when the series checks are off: only the names are counted)."""
+        pairs = [(r, a) for r, a in self.acquired.values() if r.get("split") == split]
+        rows_acq: list[Mapping[str, Any]] = [r["acquisition"] if isinstance(r.get("acquisition"), Mapping) else {}
+                                             for r, _ in pairs]
+        summary = summarize_acquisitions([a for _, a in pairs], [ra.get("profile") for ra in rows_acq],
+                                         [ra.get("kernel") for ra in rows_acq])
+        return {"split": split, "measured": self.qc is not None, **summary}
+
+    def log_acquisition(self, tracker: Any, split: str = "train") -> None:
+        """Log :meth:`acquisition_summary` of ``split`` as ``data/acquisition.json`` to ``tracker``'s run."""
+        tracker.log_dict(self.acquisition_summary(split), ACQUISITION_ARTIFACT)
 
     def log_qc(self, tracker: Any) -> None:
         """Log ``qc.csv`` (pseudonym, check, verdict, value) to ``tracker``'s run, when the CTs were checked."""
@@ -260,6 +298,10 @@ class CTCohort:
                augment: bool = False) -> torch.utils.data.DataLoader:
         """A single-process loader of split ``name``; shuffling uses its own generator seeded by ``seed``."""
         return make_loader(self.dataset(name, augment, seed), batch_size, shuffle, seed)
+
+
+def _row_key(row: Mapping[str, Any]) -> tuple[str, str]:
+    return str(row.get("image", "")), str(row.get("series_uid") or "")
 
 
 def chain_masker(chain: Any) -> Any:

@@ -10,6 +10,10 @@ Each CT is checked once: :func:`screen` stores a report per (source, ``series_ui
 lung masker, code of ``lungcal.ct``) as ``<sha256>.json`` in the cache folder (written
 atomically; the name is a hash, no identifier), and a warm run reads it back. A row whose image
 cannot be read at all gets no report: the bag builder then refuses it as before.
+
+The report carries the CT's acquisition statistics (:mod:`lungcal.ct.acquisition`, measured on the
+volume the checks read anyway; ``qc-v2`` on): :func:`acquisitions` hands them out per row, and
+:meth:`lungcal.engine.data.cohort.CTCohort.acquisition_summary` summarises a split's for its run.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from lungcal.candidates.cache import hash_source
+from lungcal.ct.acquisition import AcquisitionStats
 from lungcal.ct.masking import LungMasker, Masker
 from lungcal.ct.masking import __file__ as _ct_masking_file
 from lungcal.ct.qc import QCCheck, QCConfig, QCReport, check_series
@@ -37,11 +42,12 @@ from lungcal.errors import DataError, LungcalError
 from lungcal.paths import atomic_write, atomic_write_text
 
 __all__ = ["QC_VERSION", "qc_key", "screen", "screen_one", "skipped_table", "qc_csv_rows", "write_qc_csv",
-           "refuse_failed", "log_warnings"]
+           "refuse_failed", "log_warnings", "acquisitions"]
 
 logger = logging.getLogger(__name__)
 
-QC_VERSION = "qc-v1"
+#: qc-v2: the report holds the acquisition statistics (qc-v1 entries are checked again)
+QC_VERSION = "qc-v2"
 QC_COLUMNS = ("pseudonym", "check", "verdict", "value")
 
 
@@ -121,6 +127,11 @@ def qc_csv_rows(rows: Sequence[Mapping[str, Any]], reports: Sequence[QCReport | 
         if rep is not None:
             out += rep.as_rows(_pseudonym(row, i))
     return out
+
+
+def acquisitions(reports: Sequence[QCReport | None]) -> list[AcquisitionStats | None]:
+    """The acquisition statistics of each report (None where a row has no report or the report none)."""
+    return [None if rep is None else rep.acquisition for rep in reports]
 
 
 def write_qc_csv(path: str | os.PathLike, rows: Sequence[Mapping[str, str]]) -> Path:
@@ -206,11 +217,14 @@ def screen_one(source: str, series_uid: str | None, cfg: QCConfig, masker: Maske
 
 def _to_json(report: QCReport) -> dict[str, Any]:
     return {"version": QC_VERSION, "checks": [dataclasses.asdict(c) for c in report.checks],
-            "seconds": report.seconds, "lung_volume_ml": report.lung_volume_ml}
+            "seconds": report.seconds, "lung_volume_ml": report.lung_volume_ml,
+            "acquisition": None if report.acquisition is None else report.acquisition.as_dict()}
 
 
 def _from_json(d: Mapping[str, Any]) -> QCReport:
     if d.get("version") != QC_VERSION:
         raise ValueError("old version")
+    acq = d.get("acquisition")
     return QCReport([QCCheck(**c) for c in d["checks"]], seconds=float(d["seconds"]),
-                    lung_volume_ml=d["lung_volume_ml"])
+                    lung_volume_ml=d["lung_volume_ml"],
+                    acquisition=None if acq is None else AcquisitionStats.from_dict(acq))

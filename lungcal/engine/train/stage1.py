@@ -235,6 +235,7 @@ class Stage1Run(TrackedStage1):
 
     def on_first_open(self, tracker: RunTracker) -> None:
         self.cohort.log_qc(tracker)  # qc.csv: the series checks of every CT (pseudonyms, no paths)
+        self.cohort.log_acquisition(tracker)  # data/acquisition.json: the train split's scanners, no identifiers
         if self.init_tag:
             tracker.set_tags({TAG_INIT_RUN: self.init_tag})
             self._log_init_validation(tracker)
