@@ -474,7 +474,12 @@ def load_ct(path: str | os.PathLike, allow_gaps: bool = False, series_uid: str |
     # the readers hand out (X, Y, Z) as a transposed view of slice-contiguous memory, and a full
     # 3D transposing copy costs more than everything else here (~1.5 s for 512x512x300).
     # Downstream transforms accept strided tensors; the crop is made contiguous later.
-    arr, meta = reader.get_data(reader.read(str(path)))
+    try:
+        arr, meta = reader.get_data(reader.read(str(path)))
+    except DataError as exc:
+        if exc.file is not None:
+            raise
+        raise DataError(exc.message, file=path, field=exc.field, row=exc.row, fix=exc.fix) from None
     meta = dict(meta)
     affine = torch.as_tensor(meta.pop("affine"), dtype=torch.float64)
     meta["filename_or_obj"] = str(path)

@@ -85,7 +85,9 @@ def coarse_view(hu: np.ndarray, spacing: Spacing, voxel_mm: float) -> tuple[np.n
     integer step per axis."""
     spacing = np.asarray(spacing, dtype=float)
     step = np.maximum(1, np.floor(voxel_mm / spacing + 1e-6)).astype(int)
-    off = step // 2
+    # the centre of each block, but never past the last voxel: an axis shorter than half a step
+    # (a single thin slice) keeps one plane instead of none
+    off = np.minimum(step // 2, np.maximum(np.asarray(hu.shape[:3]) - 1, 0))
     return hu[off[0]:: step[0], off[1]:: step[1], off[2]:: step[2]], step
 
 
@@ -98,7 +100,8 @@ def upsample_nearest(mask: np.ndarray, step: Sequence[int] | np.ndarray, shape: 
     pad = [(0, max(t - f, 0)) for t, f in zip(shape, full.shape)]
     if any(p[1] for p in pad):
         full = np.pad(full, pad, mode="edge")
-    return np.ascontiguousarray(full[: shape[0], : shape[1], : shape[2]])
+    out = np.ascontiguousarray(full[: shape[0], : shape[1], : shape[2]])
+    return out if out.flags.writeable else out.copy()  # axes of one voxel: the reshape stayed a broadcast view
 
 
 def mask_like(mask: np.ndarray, img) -> torch.Tensor:

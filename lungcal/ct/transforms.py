@@ -16,7 +16,8 @@ Lung mask: :class:`LungMaskd` runs a *masker* (``masker(hu, spacing) -> bool mas
 closing that keeps lesions attached to the pleura or hilum; see that module). ``masker=`` plugs in
 another one (a learned segmenter; see docs/hospital.md). A scan whose mask is smaller than
 ``min_lung_ml`` (for example an abdomen-only CT) raises ``DataError("no lungs found ...")``: never
-a silent empty crop.
+a silent empty crop. A volume too small for the masker and the detector (one slice, a few slices, a
+small matrix: :mod:`lungcal.ct.extent`) is refused by the loader, naming the file and the minimum.
 
 Series checks: ``build_preprocess(qc=...)`` puts :class:`lungcal.ct.qc.QCd` right after the
 loader; it computes the lung mask once (``LungMaskd`` then reuses it) and stores the
@@ -38,6 +39,7 @@ from monai.transforms import Compose, MapTransform, Spacingd, SpatialCrop, Trans
 
 from lungcal.errors import ConfigError, DataError, LungcalError
 
+from .extent import require_extent
 from .io import load_ct
 from .masking import LungMasker, Masker, Spacing, mask_like, run_masker
 from .qc import QCd
@@ -91,10 +93,12 @@ def lung_mask(hu: np.ndarray, spacing: Spacing, *, min_lung_ml: float = 150.0, f
         bool array of ``hu.shape``.
 
     Raises:
-        DataError: no lungs found.
+        DataError: a volume too small to mask (:mod:`lungcal.ct.extent`), or no lungs found.
     """
     masker = _make_masker(masker, masker_kwargs)
-    mask = run_masker(masker, np.asarray(hu), spacing)
+    hu = np.asarray(hu)
+    require_extent(hu.shape, spacing, file=file)
+    mask = run_masker(masker, hu, spacing)
     _require_lungs(mask, spacing, min_lung_ml, file)
     return mask
 
@@ -123,10 +127,12 @@ def _require_lungs(mask: np.ndarray, spacing: Spacing, min_lung_ml: float, file:
                                        "or remove it from the datalist")
 
 
-def lung_bbox(mask: np.ndarray, spacing: Spacing, margin_mm: float | Sequence[float] = 10.0):
-    """(start, end) voxel indices of the mask's bounding box grown by ``margin_mm``, clipped to the volume."""
+def lung_bbox(mask: np.ndarray, spacing: Spacing, margin_mm: float | Sequence[float] = 10.0,
+              file: str | os.PathLike | None = None):
+    """(start, end) voxel indices of the mask's bounding box grown by ``margin_mm``, clipped to the volume
+    (``file``: the image, named by the error of an empty mask)."""
     if not mask.any():
-        raise DataError("no lungs found (empty lung mask)", fix="check that the image is a chest CT")
+        raise DataError("no lungs found (empty lung mask)", file=file, fix="check that the image is a chest CT")
     margin = np.broadcast_to(np.asarray(margin_mm, float), (3,))
     start, end = [], []
     for ax in range(3):
@@ -154,7 +160,9 @@ class LoadCTd(MapTransform):
 
     Unlike MONAI's ``LoadImaged`` this never swallows reader errors, so a bad file surfaces as a
     :class:`DataError` naming the file. A DICOM folder holding several series reads the one named
-    by ``d[series_key]`` (a datalist row's ``series_uid``) when the row has it.
+    by ``d[series_key]`` (a datalist row's ``series_uid``) when the row has it. A volume too small
+    for the lung mask and the detector (:mod:`lungcal.ct.extent`: one slice, a few slices, a small
+    matrix) is refused here, naming the file, its size and the minimum.
     """
 
     def __init__(self, keys: KeysCollection = "image", allow_gaps: bool = False, series_key: str = "series_uid",
@@ -167,7 +175,9 @@ class LoadCTd(MapTransform):
         d = dict(data)
         uid = d.get(self.series_key) or None
         for key in self.key_iterator(d):
-            d[key] = load_ct(d[key], allow_gaps=self.allow_gaps, series_uid=uid)
+            path = d[key]
+            d[key] = load_ct(path, allow_gaps=self.allow_gaps, series_uid=uid)
+            require_extent(d[key].shape[1:], _spacing_of(d[key]), file=path)
         return d
 
 
@@ -204,7 +214,8 @@ class LungMaskd(MapTransform):
             None.
 
     When ``d[mask_key]`` is already there (computed by :class:`~lungcal.ct.qc.QCd` earlier in the
-    chain) it is reused, and only the ``min_lung_ml`` check runs.
+    chain) it is reused, and only the ``min_lung_ml`` check runs. A volume too small for the masker
+    and the detector (:mod:`lungcal.ct.extent`) is refused first, naming the file.
     """
 
     def __init__(self, keys: KeysCollection = "image", mask_key: str = "lung_mask", masker: Masker | None = None,
@@ -219,6 +230,8 @@ class LungMaskd(MapTransform):
         for key in self.key_iterator(d):
             img = d[key]
             spacing = _spacing_of(img) if isinstance(img, MetaTensor) else np.ones(3)
+            if isinstance(img, MetaTensor):  # a plain array has no voxel size to judge its extent by
+                require_extent(tuple(img.shape)[-3:], spacing, file=_filename(img))
             if self.mask_key in d:
                 m = d[self.mask_key]
                 m = (m[0].detach().cpu().numpy() if isinstance(m, torch.Tensor) else np.asarray(m)[0]) > 0
@@ -253,7 +266,7 @@ class CropToLungd(MapTransform):
             arr = m0.numpy().view(bool) if m0.dtype == torch.uint8 else (m0 > 0).numpy()
         else:
             arr = np.asarray(mask)[0] > 0
-        start, end = lung_bbox(arr, spacing, self.margin_mm)
+        start, end = lung_bbox(arr, spacing, self.margin_mm, file=_filename(mask))
         crop = SpatialCrop(roi_start=start, roi_end=end)
         for key in self.key_iterator(d):
             d[key] = crop(d[key])

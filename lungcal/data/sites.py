@@ -146,7 +146,7 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
     """
     path = Path(csv_path).absolute()
     if not site or not str(site).strip():
-        raise DataError("the site name is empty", field="site", fix="pass a site name such as upmc")
+        raise DataError("the site name is empty", file=path, field="site", fix="pass a site name such as upmc")
     raw = read_csv_rows(path, SITE_COLUMNS)
     salt = get_salt() if salt is None else salt
     rows = []

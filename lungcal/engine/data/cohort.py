@@ -276,7 +276,7 @@ class CTCohort:
         """The tensors of split ``name`` (``DataError`` when the datalist has none)."""
         data = self.load().splits[name]
         if len(data["subjects"]) == 0:
-            raise DataError(f"the datalist has no '{name}' rows", field="split",
+            raise DataError(f"the datalist has no '{name}' rows", file=self.datalist_path(), field="split",
                             fix="give the datalist train, val and test rows (lungcal check-data shows the counts)")
         return data
 
