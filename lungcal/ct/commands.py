@@ -1,8 +1,11 @@
 """``lungcal qc DATALIST_OR_PATH``: the series checks of every CT (registered by :mod:`lungcal.cli`).
 
-Prints each CT's report (check, verdict, measured value, reason), then a summary with the count of
-each failed check; ``--csv`` writes ``qc.csv`` (pseudonym, check, verdict, value: no paths). Exit
-code 0 when no series failed (warnings allowed), 2 when any failed or could not be read.
+A CT file or a folder is read as ``lungcal predict`` reads it (:func:`lungcal.data.folder.find_cts`:
+the CTs in it get the same pseudonyms ``ct0000``...; masks, label maps and other files are listed
+as skipped, by name, with why). Prints each CT's report (check, verdict, measured value, reason),
+then a summary with the count of each failed check; ``--csv`` writes ``qc.csv`` (pseudonym, check,
+verdict, value: no paths). Exit code 0 when no series failed (warnings allowed), 2 when any failed
+or could not be read.
 """
 from __future__ import annotations
 
@@ -41,13 +44,16 @@ def parse_settings(items: list[str] | None) -> dict:
     return out
 
 
-def _targets(target: str) -> list[dict]:
+def _targets(target: str) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The rows to check and the skipped entries of a folder (``(name, why)``)."""
+    from lungcal.data.folder import find_cts
     from lungcal.data.manifest import load_manifest
 
     p = Path(target)
     if p.is_file() and p.suffix.lower() == ".json":
-        return load_manifest(p, check_files=False)
-    return [{"image": str(p), "subject": ""}]
+        return load_manifest(p, check_files=False), []
+    found = find_cts(p, field="target")
+    return [{"image": str(c), "subject": f"ct{i:04d}"} for i, c in enumerate(found.cts)], found.skipped
 
 
 def _cmd_qc(args) -> int:
@@ -57,7 +63,7 @@ def _cmd_qc(args) -> int:
     from .qc import QCConfig, check_series
 
     config = QCConfig.from_any(parse_settings(args.set))
-    rows = _targets(args.target)
+    rows, skipped = _targets(args.target)
     if args.series_uid and len(rows) > 1:
         raise ConfigError("--series-uid applies to a single DICOM folder", field="series_uid",
                           fix="put a series_uid column in the datalist rows instead")
@@ -80,7 +86,10 @@ def _cmd_qc(args) -> int:
         verdicts[report.verdict] += 1
         reasons.update(c.name for c in report.failed)
         table += report.as_rows(who)
-    print(f"\n{len(rows)} CT(s): {verdicts['pass']} pass, {verdicts['warn']} warn, {verdicts['fail']} fail")
+    for name, why in skipped:
+        print(f"skipped {name}: {why}")
+    print(f"\n{len(rows)} CT(s): {verdicts['pass']} pass, {verdicts['warn']} warn, {verdicts['fail']} fail"
+          + (f"; {len(skipped)} other file(s) skipped" if skipped else ""))
     for name, n in reasons.most_common():
         print(f"  {name:<16} failed {n}")
     if args.csv:
@@ -99,7 +108,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description="Run the series checks (lungcal.ct.qc) on a datalist or one CT; "
                                           "exit code 2 when any series fails.")
     p.add_argument("target", metavar="DATALIST_OR_PATH",
-                   help="a datalist JSON, a DICOM series folder or a NIfTI/MHD/NRRD file")
+                   help="a datalist JSON, a NIfTI/MHD/NRRD file, a DICOM series folder, or a folder holding them "
+                        "(read as `lungcal predict` reads it: masks, label maps and other files are skipped)")
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="a threshold of lungcal.ct.qc.QCConfig, e.g. --set max_slice_thickness_mm=2.5 (repeatable)")
     p.add_argument("--series-uid", default=None, help="DICOM folder with several series: the one to check")

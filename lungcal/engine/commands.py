@@ -80,12 +80,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     q = subparsers.add_parser(
         "predict", help="score new CTs: calibrated probability, referral, top candidates, a picture per CT",
-        description="Score one CT (a NIfTI/MHD/NRRD file or a DICOM series folder), a folder of them, or a datalist "
+        description="Score one CT (a NIfTI/MHD/NRRD file or a DICOM series folder), a folder holding CTs (read as "
+        "`lungcal qc` reads it: masks, label maps, XML and CSV files are skipped and listed by name), or a datalist "
         "(rows need only 'image') with a stage-1 model. Writes cases/<pseudonym>.json and .png per CT, "
         "predictions.csv, candidates/<pseudonym>.csv, qc.csv and the local key inputs.csv (pseudonym -> input "
-        "file; never logged), prints one line per CT, and records an MLflow run linked to the model's run "
-        "(inputs count, QC summary, predictions, gallery). A CT that fails a series check is refused.")
-    q.add_argument("path", metavar="PATH", help="a CT file, a DICOM series folder, a folder of CTs, or a datalist JSON")
+        "file and what became of it; never logged), prints one line per CT, and records an MLflow run linked to the "
+        "model's run (inputs count, QC summary, predictions, gallery). A CT that fails a series check, cannot be "
+        "read or is too small is refused with its reason; the others are scored, and the exit code is then 2.")
+    q.add_argument("path", metavar="PATH",
+                   help="a CT file, a DICOM series folder, a folder holding CTs (a case folder), or a datalist JSON")
     q.add_argument("--run", required=True, metavar="ID", help="the stage-1 MLflow run id (or a checkpoint .pt)")
     q.add_argument("--site", default=None, help="apply the calibrator `lungcal recalibrate` stored for this site "
                    "(default: the run's reference calibrator), and its guaranteed decision threshold when it stored "

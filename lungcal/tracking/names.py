@@ -35,6 +35,7 @@ __all__ = [
     "TAG_INIT_RUN",
     "TAG_INFERENCE",
     "TAG_MODEL",
+    "TAG_OUTCOME",
     "TAG_ENSEMBLE",
     "MLFLOW_PARENT",
     "MLFLOW_EXPERIMENT_KIND",
@@ -103,6 +104,9 @@ TAG_ENSEMBLE = "lungcal.ensemble"
 TAG_INFERENCE = "lungcal.inference"
 #: the model a scoring run used: the stage-1 run id, or ``checkpoint:<sha256[:16]>`` of the file.
 TAG_MODEL = "lungcal.model"
+#: on a scoring run: ``complete`` (every CT found was scored), ``partial`` (some were refused; the
+#: run holds the others) or ``failed`` (it broke off: its outputs are incomplete, not a result).
+TAG_OUTCOME = "lungcal.outcome"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"

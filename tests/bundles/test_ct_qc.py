@@ -3,8 +3,9 @@
 A tiny datalist (the 15-CT synthetic cohort at 5 mm of the bundle tests) in which one train CT
 lost its top 40 mm (the apices): the stage-1 bundle skips it, prints the count and the reason
 table and logs ``qc.csv`` (and the train split's acquisition summary) to the stage-1 run; the
-inference bundle refuses it in one line with exit code 2, naming the pseudonym, the check and the
-measured value (never the path).
+inference bundle refuses it, naming the pseudonym, the check and the measured value (never the
+path), scores the 14 others and ends with one error line and exit code 2 (issue 34: one refused CT
+no longer stops the others).
 """
 from __future__ import annotations
 
@@ -88,5 +89,9 @@ def test_training_skips_the_failing_ct_and_logs_qc_csv_then_scoring_refuses_it(d
     errors = [line for line in proc.stderr.splitlines() if line.startswith("lungcal: error:")]
     assert len(errors) == 1, proc.stderr[-2000:]
     assert cut in errors[0] and "lung_coverage" in errors[0] and "top 10" in errors[0] and "Fix:" in errors[0]
+    assert errors[0].startswith(f"lungcal: error: {tmp_path / 'pred' / 'inputs.csv'}: 1 of 15 CT(s) refused")
     assert str(path.parent) not in proc.stderr and "apexless" not in proc.stderr
-    assert not (tmp_path / "pred").exists()  # nothing half-written
+    scored = [r["subject"] for r in csv.DictReader(open(tmp_path / "pred" / "predictions.csv"))]
+    assert len(scored) == 14 and cut not in scored  # the others are scored and written
+    key = {r["pseudonym"]: r["status"] for r in csv.DictReader(open(tmp_path / "pred" / "inputs.csv"))}
+    assert key[cut].startswith("refused: series check 'lung_coverage' failed") and len(key) == 15

@@ -7,7 +7,11 @@ post-hoc run's validation threshold or ``--refer-below``, top candidates in mm b
 member samples through the same calibrator), the PNGs (decode, expected size), the local key
 ``inputs.csv`` (and that it stays out of MLflow), the MLflow run (linked to the model's run,
 FINISHED, params and artifacts, no input path anywhere in it), and bad input (exit 2, one line,
-no run left RUNNING).
+no run left RUNNING). A case folder as a user has it (issue 34 item 6: the CT, its nodule mask, XML and
+CSV, an unreadable and a single-slice CT beside it): ``predict`` and ``qc`` read it the same way, the
+mask and the other files are skipped by name, the two bad CTs are refused with their reasons while
+the good one is scored (exit 2), the key lists everything, and a run that breaks off is tagged
+``failed``; the same around the real LIDC scan where ``../shared/data/ct`` has it.
 """
 from __future__ import annotations
 
@@ -38,14 +42,15 @@ from lungcal.engine.evaluate.pictures import (
     gallery_selection,
     log_split_pictures,
 )
-from lungcal.engine.infer.inference import InferenceRun
+from lungcal.engine.infer.inference import InferenceRun, PartlyRefused
 from lungcal.engine.model.predict import predict
-from lungcal.errors import ConfigError
+from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import (
     MLFLOW_PARENT,
     TAG_INFERENCE,
     TAG_MODEL,
+    TAG_OUTCOME,
     TAG_PARENT,
     TAG_STAGE2,
     RunTracker,
@@ -142,12 +147,13 @@ def test_predict_one_nifti_writes_json_png_key_and_a_linked_run(model, tmp_path,
     assert png.size == PNG_SIZE
     with open(out / "inputs.csv") as fh:
         key = list(csv.DictReader(fh))
-    assert key == [{"pseudonym": "ct0000", "image": str(nifti.absolute()), "series_uid": ""}]
+    assert key == [{"pseudonym": "ct0000", "image": str(nifti.absolute()), "series_uid": "", "status": "scored"}]
 
     runs = _runs(model, **{TAG_INFERENCE: "predict", TAG_PARENT: model["run"].info.run_id})
     assert len(runs) == 1
     r = runs[0]
     assert r.info.status == "FINISHED" and r.data.tags[MLFLOW_PARENT] == model["run"].info.run_id
+    assert r.data.tags[TAG_OUTCOME] == "complete" and r.data.params["n_refused"] == "0"
     assert r.data.tags[TAG_MODEL] == model["run"].info.run_id and TAG_STAGE2 not in r.data.tags
     assert r.data.params["n_inputs"] == "1" and r.data.params["calibrator"] == "ts"
     assert case["model"]["mlflow_run"] == r.info.run_id
@@ -427,3 +433,165 @@ def test_split_pictures_draw_the_gallery_cases_with_their_known_outcome(tmp_path
     assert not (tmp_path / "none").exists()
     with pytest.raises(ConfigError, match="test_pictures"):
         check_picture_mode("every")
+
+
+# --------------------------------------------------------------------------------------------
+# a folder as a user has it (issue 34 item 6)
+def _nifti_of(dicom: Path, path: Path) -> sitk.Image:
+    reader = sitk.ImageSeriesReader()
+    reader.SetFileNames(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(dicom)))
+    img = reader.Execute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sitk.WriteImage(img, str(path))
+    return img
+
+
+def _case_folder(model, root: Path, bad: bool = True) -> Path:
+    """ct.nii.gz, its reader-count nodule mask, annotation XML and CSV; with ``bad`` also an unreadable
+    CT and a single slice of the CT."""
+    img = _nifti_of(model["dicoms"][0], root / "ct.nii.gz")
+    mask = np.zeros(sitk.GetArrayViewFromImage(img).shape, np.uint8)
+    mask[20:24, 30:36, 30:36] = [[[1, 2, 3, 4, 4, 2]]]
+    lab = sitk.GetImageFromArray(mask)
+    lab.CopyInformation(img)
+    sitk.WriteImage(lab, str(root / "nodule_mask_nreaders.nii.gz"))
+    (root / "lidc_annotation_069.xml").write_text("<LidcReadMessage/>")
+    (root / "nodules_consensus.csv").write_text("cluster,n_readers\n0,4\n")
+    if bad:
+        (root / "broken.nii.gz").write_bytes(b"\x1f\x8b not really gzip")
+        sitk.WriteImage(img[:, :, 20:21], str(root / "thin.nii.gz"))
+    return root
+
+
+SKIPPED = ["skipped lidc_annotation_069.xml: not a CT image (.xml)",
+           "skipped nodule_mask_nreaders.nii.gz: a label map (values 0, 1, 2, 3, 4), not a CT image: a CT holds air "
+           "at about -1000 HU",
+           "skipped nodules_consensus.csv: not a CT image (.csv)"]
+
+
+def test_predict_a_case_folder_scores_the_ct_skips_the_rest_and_refuses_bad_cts(model, tmp_path, capsys):
+    folder = _case_folder(model, tmp_path / "LIDC-case")
+    out = tmp_path / "case_out"
+    capsys.readouterr()
+    assert _predict(model, folder, out) == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("lungcal predict: error:")]
+    assert len(errors) == 1 and "Traceback" not in captured.err, captured.err
+    assert "2 of 3 CT(s) refused (first: ct0000: cannot read image" in errors[0]
+    assert f"the 1 other(s) are scored and written to {out}" in errors[0] and str(out / "inputs.csv") in errors[0]
+    lines = [line.strip() for line in captured.out.splitlines()]
+    assert [line for line in lines if line.startswith("skipped")] == SKIPPED
+    assert any(line.startswith("ct0001  p(cancer) ") for line in lines)
+    refused = {line.split()[0]: line for line in lines if "  refused: " in line}
+    assert set(refused) == {"ct0000", "ct0002"}
+    assert "ct0000  refused: cannot read image" in refused["ct0000"]
+    assert "series check 'geometry' failed: not a 3D volume: 1 voxel(s) along one axis" in refused["ct0002"]
+    assert "1 of 3 CT(s) scored, 2 refused, 3 other file(s) skipped" in captured.out
+    # the key: every CT with what became of it, then every skipped file
+    with open(out / "inputs.csv") as fh:
+        key = list(csv.DictReader(fh))
+    assert [(r["pseudonym"], Path(r["image"]).name, r["status"].split(":")[0]) for r in key] == [
+        ("ct0000", "broken.nii.gz", "refused"), ("ct0001", "ct.nii.gz", "scored"), ("ct0002", "thin.nii.gz", "refused"),
+        ("", "lidc_annotation_069.xml", "skipped"), ("", "nodule_mask_nreaders.nii.gz", "skipped"),
+        ("", "nodules_consensus.csv", "skipped")]
+    # the scored CT is written; the refused ones are not
+    assert sorted(p.name for p in (out / "cases").glob("*.json")) == ["ct0001.json"]
+    with open(out / "predictions.csv") as fh:
+        assert [r["subject"] for r in csv.DictReader(fh)] == ["ct0001"]
+    with open(out / "qc.csv") as fh:
+        assert {r["pseudonym"] for r in csv.DictReader(fh)} == {"ct0001", "ct0002"}  # ct0000 could not be read
+    r = _runs(model, **{TAG_INFERENCE: "predict", TAG_PARENT: model["run"].info.run_id})[0]
+    assert r.info.status == "FINISHED" and r.data.tags[TAG_OUTCOME] == "partial"
+    assert r.data.params["n_inputs"] == "3" and r.data.params["n_refused"] == "2" and r.data.params["n_skipped"] == "3"
+    assert r.data.metrics["n_scored"] == 1 and r.data.metrics["n_refused"] == 2
+    text = _mlflow_text(model, r.info.run_id, tmp_path / "dl")
+    assert str(folder) not in text and "LIDC-case" not in text
+
+
+def test_qc_reads_the_folder_as_predict_does(model, tmp_path, capsys):
+    folder = _case_folder(model, tmp_path / "LIDC-case")
+    settings = [x for k, v in TINY_QC.items() for x in ("--set", f"{k}={v}")]
+    capsys.readouterr()
+    assert main(["qc", str(folder), *settings]) == 2
+    out = capsys.readouterr().out
+    lines = [line.strip() for line in out.splitlines()]
+    assert [line for line in lines if line.startswith("skipped")] == SKIPPED
+    assert f"ct0000 {folder / 'broken.nii.gz'}: FAIL (cannot be read)" in out
+    assert any(line.startswith(f"ct0001 {folder / 'ct.nii.gz'}: ") and "FAIL" not in line for line in lines)
+    assert f"ct0002 {folder / 'thin.nii.gz'}: FAIL" in out
+    assert "3 CT(s): " in out and "2 fail; 3 other file(s) skipped" in out
+    # a clean case folder passes: the mask and the annotations no longer count as CTs
+    clean = _case_folder(model, tmp_path / "clean", bad=False)
+    assert main(["qc", str(clean), *settings]) == 0
+    assert "1 CT(s): " in capsys.readouterr().out
+
+
+def test_a_folder_whose_every_ct_is_refused_writes_the_key_and_opens_no_run(model, tmp_path, capsys):
+    folder = tmp_path / "only_thin"
+    img = _nifti_of(model["dicoms"][1], tmp_path / "full.nii.gz")
+    folder.mkdir()
+    sitk.WriteImage(img[:, :, 10:11], str(folder / "thin.nii.gz"))
+    (folder / "notes.txt").write_text("x")
+    before = len(_runs(model, **{TAG_INFERENCE: "predict"}))
+    out = tmp_path / "thin_out"
+    capsys.readouterr()
+    assert _predict(model, folder, out) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lungcal predict: error:")]
+    assert len(err) == 1 and "no CT scored: 1 of 1 refused (first: ct0000: series check 'geometry' failed" in err[0]
+    with open(out / "inputs.csv") as fh:
+        key = list(csv.DictReader(fh))
+    assert [(r["pseudonym"], r["status"].split(":")[0]) for r in key] == [("ct0000", "refused"), ("", "skipped")]
+    assert not (out / "cases").exists() and not (out / "predictions.csv").exists()
+    assert len(_runs(model, **{TAG_INFERENCE: "predict"})) == before
+
+
+def test_a_run_that_breaks_off_is_tagged_failed(model, tmp_path):
+    def broken(network, loader, device):
+        raise RuntimeError("the accelerator went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        InferenceRun(inputs=str(model["dicoms"][2]), stage1_run_id=model["run"].info.run_id,
+                     output=str(tmp_path / "broken"), output_dir=str(model["store"]), num_workers=0, device="cpu",
+                     qc={**TINY_QC}, pictures=False, predict_fn=broken, mode="predict").run()
+    r = _runs(model, **{TAG_INFERENCE: "predict"})[0]
+    assert r.info.status == "FAILED" and r.data.tags[TAG_OUTCOME] == "failed"
+    with open(tmp_path / "broken" / "inputs.csv") as fh:
+        assert [row["status"] for row in csv.DictReader(fh)] == ["pending"]  # checked, never scored
+
+
+def test_partly_refused_carries_the_result(model, tmp_path):
+    folder = _case_folder(model, tmp_path / "case")
+    with pytest.raises(PartlyRefused) as err:
+        InferenceRun(inputs=str(folder), stage1_run_id=model["run"].info.run_id, output=str(tmp_path / "o"),
+                     output_dir=str(model["store"]), num_workers=0, device="cpu", qc={**TINY_QC},
+                     pictures=False).run()
+    assert isinstance(err.value, DataError)
+    res = err.value.result
+    assert res is not None and [c["pseudonym"] for c in res["cases"]] == ["ct0001"]
+    assert set(res["refused"]) == {"ct0000", "ct0002"} and len(res["skipped"]) == 3
+
+
+def test_predict_a_folder_around_a_real_scan(model, shared_dir, tmp_path, capsys):
+    """The real LIDC case folder as shared (CT, reader-count mask, XML, CSVs): the CT alone is scored."""
+    src = shared_dir / "data" / "ct" / "LIDC-IDRI-0001"
+    if not (src / "ct.nii.gz").is_file() or not (src / "nodule_mask_nreaders.nii.gz").is_file():
+        pytest.skip(f"the real LIDC case folder is not in {src}")
+    folder = tmp_path / "LIDC-IDRI-0001"
+    folder.mkdir()
+    for f in src.iterdir():
+        if f.is_file():
+            (folder / f.name).symlink_to(f)
+    out = tmp_path / "lidc_out"
+    capsys.readouterr()
+    assert _predict(model, folder, out, "--no-pictures") == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    skipped = [line for line in lines if line.startswith("skipped")]
+    assert any(line.startswith("skipped nodule_mask_nreaders.nii.gz: a label map (values 0, 1, 2, 3, 4)")
+               for line in skipped)
+    assert {line.split(":")[0] for line in skipped} >= {
+        "skipped lidc_annotation_069.xml", "skipped nodules_consensus.csv", "skipped nodules_per_reader.csv"}
+    assert any(line.startswith("ct0000  p(cancer) ") for line in lines)
+    with open(out / "inputs.csv") as fh:
+        key = list(csv.DictReader(fh))
+    assert key[0]["pseudonym"] == "ct0000" and key[0]["status"] == "scored"
+    assert Path(key[0]["image"]).name == "ct.nii.gz" and all(r["status"].startswith("skipped") for r in key[1:])

@@ -2,10 +2,10 @@
 
 ``PATH`` is one of:
 
-- one study: a NIfTI / MHD / MHA / NRRD file, or a DICOM series folder (a folder that holds DICOM
-  files itself: ``*.dcm``, or files with the ``DICM`` preamble);
-- a folder of studies: each such file or sub-folder directly inside it is one CT (hidden entries
-  are skipped; sub-folders are read as DICOM series, recursively);
+- a CT file or a folder, read by :func:`lungcal.data.folder.find_cts` exactly as ``lungcal qc`` reads
+  it: a NIfTI / MHD / MHA / NRRD file, a DICOM series folder, or a folder holding them (a case
+  folder as exported, or a folder of studies). A volume that is not a CT image (a nodule mask, a
+  label map) and every other file (annotation XML, CSVs) are skipped and listed by name with why;
 - a datalist JSON (``{"rows": [...]}`` or a plain list): each row needs only ``image`` (relative
   paths resolve against the datalist's folder); ``label``, ``site`` and ``split`` are not needed
   and not read; ``series_uid`` is kept.
@@ -13,8 +13,9 @@
 Pseudonyms: files and folders get ``ct0000``, ``ct0001``... in sorted order (file names can hold
 identifiers). A datalist row keeps its ``subject`` (datalists made by ``lungcal import-*`` hold
 pseudonyms), or its ``ct`` key where a subject has several CTs; a row with neither gets the
-positional name. :func:`write_key` writes the local key ``inputs.csv`` (pseudonym -> input path)
-beside the outputs; it is never logged to MLflow.
+positional name. :func:`write_key` writes the local key ``inputs.csv`` (pseudonym -> input path,
+and what became of it: scored, refused and why, or skipped and why) beside the outputs; it is never
+logged to MLflow.
 """
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ import csv
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from lungcal.data.folder import CT_SUFFIXES, find_cts, is_dicom_folder
 from lungcal.errors import DataError
 from lungcal.paths import atomic_write
 
-__all__ = ["CT_SUFFIXES", "KEY_FILE", "input_rows", "is_dicom_folder", "write_key"]
+__all__ = ["CT_SUFFIXES", "KEY_FILE", "Inputs", "input_rows", "is_dicom_folder", "read_inputs", "write_key"]
 
-CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
 #: the local key from pseudonym to input, written beside the outputs (never logged)
 KEY_FILE = "inputs.csv"
 _FIX = ("pass a NIfTI/MHD/NRRD file, a DICOM series folder, a folder with one such file or DICOM folder per CT, "
@@ -42,46 +44,33 @@ def _row(image: Path, subject: str, extra: dict[str, Any] | None = None) -> dict
             **(extra or {})}
 
 
-def _is_dicom_file(p: Path) -> bool:
-    if p.suffix.lower() == ".dcm":
-        return True
-    if p.suffix:  # a named file type that is not DICOM (e.g. .json, .txt, .nii)
-        return False
-    try:
-        with open(p, "rb") as fh:
-            fh.seek(128)
-            return fh.read(4) == b"DICM"
-    except OSError:
-        return False
+class Inputs(NamedTuple):
+    """What :func:`read_inputs` found: the scoring rows, and the skipped entries of a folder as
+    ``(name, why)`` (:class:`lungcal.data.folder.Found`)."""
+
+    rows: list[dict[str, Any]]
+    skipped: list[tuple[str, str]]
 
 
-def is_dicom_folder(path: str | os.PathLike) -> bool:
-    """True when the folder holds DICOM files itself (one series: one study), not only sub-folders."""
-    return any(p.is_file() and _is_dicom_file(p) for p in Path(path).iterdir() if not p.name.startswith("."))
+def read_inputs(path: str | os.PathLike, field: str = "inputs") -> Inputs:
+    """Scoring rows ``{"image", "subject" (pseudonym), "label": -1, "site", "split", [series_uid]}`` for
+    ``path``, and what a folder held besides its CTs.
+
+    Raises:
+        DataError: a missing path, a file that is not a CT (naming what it is), a folder without a
+            CT (listing what it holds), a datalist that does not parse, has no rows, or names an
+            image that does not exist (naming the row).
+    """
+    path = Path(str(path)).expanduser()
+    if path.is_dir() or not path.exists() or path.name.lower().endswith(CT_SUFFIXES):
+        found = find_cts(path, field=field)
+        return Inputs([_row(p, f"ct{i:04d}") for i, p in enumerate(found.cts)], found.skipped)
+    return Inputs(_datalist_rows(path, field), [])
 
 
 def input_rows(path: str | os.PathLike, field: str = "inputs") -> list[dict[str, Any]]:
-    """Scoring rows ``{"image", "subject" (pseudonym), "label": -1, "site", "split", [series_uid]}`` for ``path``.
-
-    Raises:
-        DataError: a missing path, a folder without a CT, a datalist that does not parse, has no
-            rows, or names an image that does not exist (naming the row).
-    """
-    path = Path(str(path)).expanduser()
-    if path.is_dir():
-        if is_dicom_folder(path):
-            return [_row(path.absolute(), "ct0000")]
-        items = sorted(p for p in path.iterdir() if not p.name.startswith("."))
-        cts = [p for p in items if p.is_dir() or p.name.lower().endswith(CT_SUFFIXES)]
-        if not cts:
-            raise DataError("no CT found in the folder", file=path, field=field,
-                            fix="put one NIfTI/MHD/NRRD file or DICOM series folder per CT in it")
-        return [_row(p.absolute(), f"ct{i:04d}") for i, p in enumerate(cts)]
-    if not path.is_file():
-        raise DataError("inputs not found", file=path, field=field, fix=_FIX)
-    if path.name.lower().endswith(CT_SUFFIXES):
-        return [_row(path.absolute(), "ct0000")]
-    return _datalist_rows(path, field)
+    """The rows of :func:`read_inputs` (what a folder held besides its CTs is dropped)."""
+    return read_inputs(path, field).rows
 
 
 def resolve_image(image: Any, datalist: Path, row: int) -> Path:
@@ -122,12 +111,21 @@ def _datalist_rows(path: Path, field: str) -> list[dict[str, Any]]:
     return out
 
 
-def write_key(rows: list[dict[str, Any]], folder: str | os.PathLike) -> Path:
-    """Write ``<folder>/inputs.csv``: ``pseudonym,image[,series_uid]`` per row (local only: it holds paths)."""
+def write_key(rows: Sequence[Mapping[str, Any]], folder: str | os.PathLike,
+              status: Mapping[str, str] | None = None, skipped: Sequence[tuple[str, str]] = (),
+              source: str | os.PathLike | None = None) -> Path:
+    """Write ``<folder>/inputs.csv`` (local only: it holds paths): ``pseudonym,image,series_uid,status``
+    per row, ``status`` from ``status[pseudonym]`` (``scored``, ``refused: why``; ``pending`` when not
+    given), then one line per ``skipped`` entry of the input folder ``source`` (no pseudonym,
+    ``skipped: why``)."""
     path = Path(folder) / KEY_FILE
+    status = status or {}
     with atomic_write(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["pseudonym", "image", "series_uid"])
+        w.writerow(["pseudonym", "image", "series_uid", "status"])
         for r in rows:
-            w.writerow([r["subject"], r["image"], r.get("series_uid", "")])
+            w.writerow([r["subject"], r["image"], r.get("series_uid", ""), status.get(str(r["subject"]), "pending")])
+        base = Path(str(source)).expanduser().absolute() if source is not None else None
+        for name, why in skipped:
+            w.writerow(["", str(base / name) if base is not None and base.is_dir() else name, "", f"skipped: {why}"])
     return path

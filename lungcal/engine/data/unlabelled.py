@@ -11,12 +11,11 @@ import json
 import os
 from pathlib import Path
 
+from lungcal.data.folder import CT_SUFFIXES, find_cts
 from lungcal.engine.data.inputs import resolve_image
 from lungcal.errors import DataError
 
 __all__ = ["CT_SUFFIXES", "unlabelled_rows"]
-
-CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd")
 
 
 def _row(image: Path, i: int) -> dict:
@@ -25,7 +24,9 @@ def _row(image: Path, i: int) -> dict:
 
 def unlabelled_rows(path: str | os.PathLike) -> list[dict]:
     """Rows for the CTs of ``path``: a datalist JSON (``rows`` with an ``image`` each; any split,
-    labels ignored) or a folder holding one NIfTI/MHD/NRRD file or DICOM series folder per CT.
+    labels ignored) or a folder holding one NIfTI/MHD/NRRD file or DICOM series folder per CT (read as
+    ``lungcal predict`` and ``lungcal qc`` read it: :func:`lungcal.data.folder.find_cts`; masks, label
+    maps and other files are skipped).
 
     Raises:
         DataError: missing path, unreadable JSON, a row without an existing image, or no CT at all.
@@ -33,11 +34,7 @@ def unlabelled_rows(path: str | os.PathLike) -> list[dict]:
     path = Path(path).expanduser()
     fix = "pass a datalist JSON whose rows name the site's CTs, or a folder with one CT (file or DICOM folder) each"
     if path.is_dir():
-        cts = sorted(p for p in path.iterdir() if not p.name.startswith(".")
-                     and (p.is_dir() or p.name.lower().endswith(CT_SUFFIXES)))
-        if not cts:
-            raise DataError("the --unlabelled folder holds no CT", file=path, field="--unlabelled", fix=fix)
-        return [_row(p, i) for i, p in enumerate(cts)]
+        return [_row(p, i) for i, p in enumerate(find_cts(path, field="--unlabelled").cts)]
     if not path.is_file():
         raise DataError("--unlabelled not found", file=path, field="--unlabelled", fix=fix)
     try:

@@ -7,15 +7,29 @@ Platt, isotonic, ... or a prior adjustment; :mod:`lungcal.engine.evaluate.calibr
 recalibration also stored a decision threshold with a missed-cancer guarantee (``--miss-rate``), each CT
 is called positive (work-up) or not by it, and its record states the guarantee (``decision``).
 
-Order of work: inputs (:mod:`lungcal.engine.data.inputs`), model, calibrator, referral rule and series
-checks are resolved first, so a user error (no CT, unknown run, unknown site, a refused series)
-stops the command in one line before any MLflow run is opened or any file written. Then one
-MLflow run (tag ``lungcal.inference``, linked to the model's run by ``lungcal.parent_run``) holds
-the inputs count and settings (params), ``qc.csv``, ``predictions.csv`` and the gallery (the most
-confident calls each way and the referred CTs, ``gallery/<group>/<pseudonym>.png``). The output
-folder gets ``predictions.csv``, ``candidates/<pseudonym>.csv``, ``cases/<pseudonym>.json`` +
-``.png`` (:mod:`lungcal.engine.infer.scoring`, :mod:`lungcal.engine.evaluate.pictures`), ``qc.csv`` and the local
-key ``inputs.csv`` (pseudonym -> input path; never logged).
+Order of work:
+
+1. inputs (:func:`lungcal.engine.data.inputs.read_inputs`: a folder is read as ``lungcal qc`` reads it;
+   masks, label maps and other files are skipped and listed by name), model, calibrator, referral
+   rule: a user error here (no CT, unknown run, unknown site) stops the command in one line before
+   any file is written or any MLflow run opened;
+2. the local key ``inputs.csv`` (pseudonym -> input path, and what became of each; never logged) is
+   written at once, so a refused CT's pseudonym can always be looked up;
+3. each CT is checked (series checks) and its bag built, one at a time: a CT that fails a check, or
+   cannot be read, or is too small (:mod:`lungcal.ct.extent`), is *refused* with its reason, and the
+   others go on;
+4. only when at least one CT is left does one MLflow run open (tag ``lungcal.inference``, linked to the
+   model's run by ``lungcal.parent_run``; ``lungcal.outcome`` ``complete``, ``partial`` or, should it
+   break off, ``failed``): the inputs count and settings (params), ``qc.csv``, ``predictions.csv`` and
+   the gallery (the most confident calls each way and the referred CTs,
+   ``gallery/<group>/<pseudonym>.png``). The output folder gets ``predictions.csv``,
+   ``candidates/<pseudonym>.csv``, ``cases/<pseudonym>.json`` + ``.png``
+   (:mod:`lungcal.engine.infer.scoring`, :mod:`lungcal.engine.evaluate.pictures`), ``qc.csv`` and
+   ``inputs.csv``.
+
+When some CTs were refused, :meth:`InferenceRun.run` raises :class:`PartlyRefused` (a ``DataError``:
+one line, exit code 2) after everything else is written; when every CT was refused it raises a
+``DataError`` and opens no run.
 """
 from __future__ import annotations
 
@@ -29,10 +43,12 @@ from typing import Any
 import numpy as np
 from mlflow.tracking import MlflowClient
 
-from lungcal.candidates.cache import BagParams, masker_from_config
+from lungcal.candidates.cache import BagParams, build_entry, masker_from_config
+from lungcal.ct.qc import QCReport
+from lungcal.engine.data.bagbuild import LocalRunner
 from lungcal.engine.data.cohort import resolve_output_dir
-from lungcal.engine.data.inputs import CT_SUFFIXES, KEY_FILE, input_rows, write_key
-from lungcal.engine.data.series_qc import log_warnings, qc_csv_rows, refuse_failed, screen, write_qc_csv
+from lungcal.engine.data.inputs import CT_SUFFIXES, KEY_FILE, input_rows, read_inputs, write_key
+from lungcal.engine.data.series_qc import log_warnings, qc_csv_rows, screen, write_qc_csv
 from lungcal.engine.evaluate.calibrators import (
     reference_calibrator,
     site_calibrator,
@@ -44,13 +60,15 @@ from lungcal.engine.evaluate.pictures import gallery_selection, write_pictures
 from lungcal.engine.infer.scoring import score_rows, write_outputs
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.model.predict import predict
-from lungcal.errors import ConfigError
+from lungcal.errors import ConfigError, DataError
 from lungcal.runtime import resolve_device
+from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
     TAG_INFERENCE,
     TAG_MODEL,
+    TAG_OUTCOME,
     TAG_SITE,
     TAG_STAGE1,
     RunTracker,
@@ -59,9 +77,39 @@ from lungcal.tracking import (
     linked_calibrator_run,
 )
 
-__all__ = ["CT_SUFFIXES", "InferenceRun"]
+__all__ = ["CT_SUFFIXES", "InferenceRun", "PartlyRefused"]
 
 logger = logging.getLogger(__name__)
+
+
+class PartlyRefused(DataError):
+    """Some CTs were refused, the others scored and written: raised by :meth:`InferenceRun.run` after
+    the outputs and the MLflow run are complete, so that the exit code (2) says so; ``result`` holds
+    what ``run()`` returns otherwise."""
+
+    def __init__(self, message: str, *, result: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.result = result
+
+
+def _qc_refusal(report: QCReport | None) -> str | None:
+    """Why a CT is refused by its series checks (the first failed check, its value and the others), or None."""
+    if report is None or not report.failed:
+        return None
+    first, rest = report.failed[0], report.failed[1:]
+    also = f"; also failed: {', '.join(c.name for c in rest)}" if rest else ""
+    return f"series check '{first.name}' failed: {first.reason} (measured: {first.value}{also})"
+
+
+def _build_refusal(exc: BaseException, image: str) -> str:
+    """Why a CT's bag could not be built, without its path (the key ``inputs.csv`` holds it)."""
+    err = find_lungcal_error(exc)
+    text = err.message if err is not None else f"{type(exc).__name__}: {exc}"
+    p = Path(image)
+    for s in sorted({image, str(p.absolute()), p.name}, key=len, reverse=True):
+        if len(s) >= 4:
+            text = text.replace(s, "<image>")
+    return text.rstrip(".")
 
 
 class InferenceRun:
@@ -77,8 +125,8 @@ class InferenceRun:
         output: the output folder (default ``<output_dir>/inference/<timestamp>``).
         output_dir, tracking_uri, device, num_workers, batch_size: as for the stage-1 bundles.
         qc: series-check thresholds (the bundle's ``qc`` section); a CT that fails a check is
-            refused (``DataError`` naming its pseudonym, the check and the measured value) before
-            anything is written; warnings are logged. ``None`` checks nothing.
+            refused (its pseudonym, the check and the measured value are printed; the others are
+            scored); warnings are logged. ``None`` checks nothing.
         refer_below: refer a CT whose confidence max(p, 1-p) is below this; default: the applied
             calibrator run's validation rule (:class:`lungcal.engine.evaluate.cases.ReferralRule`).
         pictures: write ``cases/<pseudonym>.png`` per CT and log the gallery.
@@ -113,6 +161,25 @@ class InferenceRun:
     def rows(self) -> list[dict]:
         """Rows of the inputs (:func:`lungcal.engine.data.inputs.input_rows`)."""
         return input_rows(self.inputs)
+
+    def refusals(self, rows: list[dict], reports: list[QCReport | None], bag_params: Any) -> dict[int, str]:
+        """Why each refused row (by index) is refused: a failed series check, else its bag could not be
+        built (unreadable, too small, no lungs). The bags of the others are built into the cache
+        (where :func:`score_rows` finds them), ``num_workers`` processes at a time; one CT's failure
+        never stops the others. A ``ConfigError`` (the same for every CT) is raised."""
+        refused = {i: why for i, why in enumerate(map(_qc_refusal, reports)) if why is not None}
+        todo = [i for i in range(len(rows)) if i not in refused]
+        params = BagParams.from_any(bag_params)
+        root = self.output_dir / "cache" / "bags"
+        root.mkdir(parents=True, exist_ok=True)
+        tasks = [(str(rows[i]["image"]), params, str(root), "content", None) for i in todo]
+        for j, _, exc in LocalRunner(self.num_workers).run(build_entry, tasks):
+            if exc is None:
+                continue
+            if isinstance(exc, ConfigError):
+                raise exc
+            refused[todo[j]] = _build_refusal(exc, str(rows[todo[j]]["image"]))
+        return dict(sorted(refused.items()))
 
     def resolve_calibrator(self, run):
         """The explicit temperature, else the site's stored calibrator (``site``), else the run's
@@ -160,22 +227,45 @@ class InferenceRun:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
-        """Score every CT; write the outputs; log the MLflow run; print one line per CT."""
-        rows = self.rows()
+        """Score every CT that is not refused; write the outputs; log the MLflow run; print one line per
+        CT, then the refused and the skipped ones. Raises :class:`PartlyRefused` at the end when some
+        CT was refused, a ``DataError`` (no run) when all were."""
+        found = read_inputs(self.inputs)
+        all_rows = found.rows
         stage1 = load_stage1(self.stage1_run_id, self.tracking_uri, checkpoint=self.checkpoint, device=self.device)
         cal = self.resolve_calibrator(stage1.run)
         temp = 1.0 if cal is None else float(getattr(cal, "temperature", float("nan")))
         cal_name = "none" if cal is None else str(cal.name)
         rule = self.resolve_rule(stage1.run)
         decision = self.resolve_decision(stage1.run)
-        reports: list = [None] * len(rows)
-        if self.qc is not None:  # scoring refuses a series that fails a check; warnings are logged
+        # the key first: whatever happens to a CT from here on, its pseudonym can be looked up
+        key = write_key(all_rows, self.output, skipped=found.skipped, source=self.inputs)
+        for name, why in found.skipped:
+            print(f"  skipped {name}: {why}", flush=True)
+        all_reports: list[QCReport | None] = [None] * len(all_rows)
+        if self.qc is not None:  # a series that fails a check is refused; warnings are logged
             stored = BagParams.from_any(stage1.bag_params).preprocess.get("masker")  # None: the default
             masker = masker_from_config(stored) if stored else None
-            reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=masker,
-                             num_workers=self.num_workers)
-            log_warnings(rows, reports)
-            refuse_failed(rows, reports)
+            all_reports = screen(all_rows, self.qc, self.output_dir / "cache" / "qc", masker=masker,
+                                 num_workers=self.num_workers)
+            log_warnings(all_rows, all_reports)
+        refused = self.refusals(all_rows, all_reports, stage1.bag_params)
+        names = [str(r["subject"]) for r in all_rows]
+        status = {names[i]: f"refused: {why}" for i, why in refused.items()}
+        write_key(all_rows, self.output, status, found.skipped, self.inputs)
+        qc_path = write_qc_csv(self.output / "qc.csv", qc_csv_rows(all_rows, all_reports))
+        refused_lines = [f"{names[i]}  refused: {why}" for i, why in refused.items()]
+        keep = [i for i in range(len(all_rows)) if i not in refused]
+        if not keep:
+            print("\n".join(refused_lines), flush=True)
+            first = next(iter(refused))
+            raise DataError(f"no CT scored: {len(refused)} of {len(all_rows)} refused (first: {names[first]}: "
+                            f"{refused[first]})",
+                            file=self.output / KEY_FILE,
+                            fix=f"each refused CT is listed above; {KEY_FILE} maps its pseudonym to its file "
+                                "(`lungcal qc` shows every series check)")
+        rows = [all_rows[i] for i in keep]
+        reports = [all_reports[i] for i in keep]
         if stage1.run_id:
             model_id = stage1.run_id
         else:
@@ -186,47 +276,69 @@ class InferenceRun:
                 TAG_SITE: self.site or "reference", TAG_DATASET: "inference"}
         with RunTracker(self._experiment(stage1.run), f"{self.mode}-{time.strftime('%Y%m%d-%H%M%S')}",
                         tracking_uri=self.tracking_uri, tags=tags, parent_run_id=stage1.run_id) as tracker:
-            tracker.log_params({"n_inputs": len(rows), "calibrator": cal_name, "site": self.site or "reference",
-                                "temperature": temp, "referral": rule.as_dict(),
-                                "decision": None if decision is None else decision.as_dict(), "pictures": self.pictures,
-                                "top_k": self.top_k, "qc": self.qc is not None, "bag_params": stage1.bag_params})
-            scores = score_rows(stage1.network, rows, stage1.bag_params, cal,
-                                cache_dir=self.output_dir / "cache" / "bags", device=self.device,
-                                batch_size=self.batch_size, num_workers=self.num_workers, predict_fn=self.predict_fn)
-            model = {"run_id": stage1.run_id, "site": self.site, "calibrator": cal_name, "mlflow_run": tracker.run_id}
-            cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model, qc=reports[i],
-                                 decision=decision) for i in range(len(rows))]
-            paths = write_outputs(self.output, scores, cases, temp)
-            key = write_key(rows, self.output)  # local only: it holds the input paths
-            qc_path = write_qc_csv(self.output / "qc.csv", qc_csv_rows(rows, reports))
-            if self.pictures:
-                self._pictures(rows, cases)
-            tracker.log_artifact(paths["predictions"])
-            tracker.log_artifact(qc_path)
-            gallery = gallery_selection(cases) if self.pictures else {}
-            for group, names in gallery.items():
-                for name in names:
-                    tracker.log_artifact(self.output / "cases" / f"{name}.png", f"gallery/{group}")
-            referred = [c["referral"]["refer"] for c in cases]
-            metrics = {"n_scored": len(cases), "mean_probability": float(np.mean(scores["probs"][:, 1]))}
-            if rule.threshold is not None:
-                metrics.update(n_referred=sum(bool(r) for r in referred), referral_threshold=rule.threshold)
-            if decision is not None:
-                metrics.update(n_work_up=sum(bool(c["decision"]["positive"]) for c in cases),
-                               decision_threshold=decision.threshold)
-            tracker.log_metrics(metrics)
+            try:
+                tracker.log_params({"n_inputs": len(all_rows), "n_refused": len(refused),
+                                    "n_skipped": len(found.skipped), "calibrator": cal_name,
+                                    "site": self.site or "reference", "temperature": temp, "referral": rule.as_dict(),
+                                    "decision": None if decision is None else decision.as_dict(),
+                                    "pictures": self.pictures, "top_k": self.top_k, "qc": self.qc is not None,
+                                    "bag_params": stage1.bag_params})
+                scores = score_rows(stage1.network, rows, stage1.bag_params, cal,
+                                    cache_dir=self.output_dir / "cache" / "bags", device=self.device,
+                                    batch_size=self.batch_size, num_workers=self.num_workers,
+                                    predict_fn=self.predict_fn)
+                model = {"run_id": stage1.run_id, "site": self.site, "calibrator": cal_name,
+                         "mlflow_run": tracker.run_id}
+                cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model,
+                                     qc=reports[i], decision=decision) for i in range(len(rows))]
+                paths = write_outputs(self.output, scores, cases, temp)
+                status.update({str(r["subject"]): "scored" for r in rows})
+                key = write_key(all_rows, self.output, status, found.skipped, self.inputs)  # local only: paths
+                if self.pictures:
+                    self._pictures(rows, cases)
+                tracker.log_artifact(paths["predictions"])
+                tracker.log_artifact(qc_path)
+                gallery = gallery_selection(cases) if self.pictures else {}
+                for group, members in gallery.items():
+                    for name in members:
+                        tracker.log_artifact(self.output / "cases" / f"{name}.png", f"gallery/{group}")
+                referred = [c["referral"]["refer"] for c in cases]
+                metrics = {"n_scored": len(cases), "n_refused": len(refused),
+                           "mean_probability": float(np.mean(scores["probs"][:, 1]))}
+                if rule.threshold is not None:
+                    metrics.update(n_referred=sum(bool(r) for r in referred), referral_threshold=rule.threshold)
+                if decision is not None:
+                    metrics.update(n_work_up=sum(bool(c["decision"]["positive"]) for c in cases),
+                                   decision_threshold=decision.threshold)
+                tracker.log_metrics(metrics)
+                tracker.set_tags({TAG_OUTCOME: "partial" if refused else "complete"})
+            except BaseException:  # the run ends FAILED: say so, so it is never read as a result
+                tracker.set_tags({TAG_OUTCOME: "failed"})
+                raise
             run_id = tracker.run_id
         lines = [answer_line(c) for c in cases]
+        n_all = len(all_rows)
         print("\n".join([f"== lungcal {'predict' if self.mode == 'predict' else 'inference'} ==", *lines,
-                         f"  {len(rows)} CT(s), calibrator {cal!r}; {rule.describe()}",
+                         *refused_lines,
+                         f"  {len(rows)} of {n_all} CT(s) scored" + (f", {len(refused)} refused" if refused else "")
+                         + (f", {len(found.skipped)} other file(s) skipped" if found.skipped else "")
+                         + f"; calibrator {cal!r}; {rule.describe()}",
                          *([f"  decision at site {self.site}: {decision.statement()}"] if decision else []),
                          f"  written to {self.output} (cases/<pseudonym>.json + .png, predictions.csv)",
                          f"  {KEY_FILE} there maps each pseudonym to its input file: kept local, never logged",
                          f"  MLflow run {run_id}"]), flush=True)
-        return {"output": str(self.output), "temperature": temp, "calibrator": cal_name,
-                "probabilities": scores["probs"][:, 1].tolist(), "cases": cases, "run_id": run_id,
-                "key": str(key), "referral": rule.as_dict(),
-                "decision": None if decision is None else decision.as_dict()}
+        result = {"output": str(self.output), "temperature": temp, "calibrator": cal_name,
+                  "probabilities": scores["probs"][:, 1].tolist(), "cases": cases, "run_id": run_id,
+                  "key": str(key), "referral": rule.as_dict(),
+                  "decision": None if decision is None else decision.as_dict(),
+                  "refused": {names[i]: why for i, why in refused.items()}, "skipped": list(found.skipped)}
+        if refused:
+            first = next(iter(refused))
+            raise PartlyRefused(f"{len(refused)} of {n_all} CT(s) refused (first: {names[first]}: {refused[first]}); "
+                                f"the {len(rows)} other(s) are scored and written to {self.output}",
+                                file=self.output / KEY_FILE, result=result,
+                                fix=f"each refused CT is listed above; {KEY_FILE} maps its pseudonym to its file")
+        return result
 
     def _experiment(self, run) -> str:
         if run is None:

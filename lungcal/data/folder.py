@@ -1,0 +1,184 @@
+"""What a path a user points at holds: the CT images in it, and every other file with why it is skipped.
+
+:func:`find_cts` is how ``lungcal predict`` and ``lungcal qc`` read a CT file or a folder (one
+function, so both see the same CTs in the same order, hence the same pseudonyms ``ct0000``...):
+
+- a **DICOM series folder** (DICOM files directly in it: ``*.dcm``, or files with the ``DICM``
+  preamble) is one CT; the other files directly in it are listed as skipped (the reader,
+  :func:`lungcal.ct.io.read_dicom_series`, picks the axial CT series among its DICOM files);
+- a **volume file** (NIfTI, MHD/MHA, NRRD) is one CT, unless its voxels are not a CT image
+  (:func:`image_kind`: a binary mask, a label map, values that are not Hounsfield units): then a
+  :class:`~lungcal.errors.DataError` naming the file says what it is;
+- **any other folder** (a case folder as exported, with the CT, a nodule mask, annotation XML and
+  CSVs; or a folder of studies) is read entry by entry, in sorted order (hidden entries ignored):
+
+  ========================================  ==============================================
+  entry                                     read as
+  ========================================  ==============================================
+  a volume file that is a CT image           one CT
+  a volume file that is not (mask, labels)   skipped, named as such (:func:`image_kind`)
+  a sub-folder with DICOM files (any depth)  one CT: a DICOM series folder, read recursively
+  a sub-folder without DICOM files           skipped ("no DICOM files")
+  any other file (XML, CSV, PDF, PNG, ...)   skipped ("not a CT image")
+  ========================================  ==============================================
+
+  A folder holding no CT at all is a ``DataError`` listing what it holds.
+
+A CT found here can still be refused later (unreadable, too small, a failed series check); that
+is decided by the reader and the checks, one CT at a time, never for the whole folder.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import SimpleITK as sitk
+
+from lungcal.errors import DataError
+
+__all__ = ["CT_SUFFIXES", "MAX_LABELS", "Found", "find_cts", "image_kind", "is_dicom_file", "is_dicom_folder",
+           "holds_dicom"]
+
+#: the volume file types lungcal reads (DICOM comes as a folder)
+CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd", ".nhdr")
+#: a volume with at most this many distinct values, none negative, is a mask or a label map
+MAX_LABELS = 16
+#: a volume whose values span less than this is not in Hounsfield units (air -1000, tissue 0-100)
+MIN_HU_RANGE = 200.0
+_FIX = ("point at a CT file (NIfTI/MHD/NRRD), a DICOM series folder, or a folder holding them "
+        "(one CT file or DICOM folder each)")
+
+
+@dataclass
+class Found:
+    """What :func:`find_cts` found: the CTs (files or DICOM folders, in order) and the skipped entries
+    as ``(name, why)``, ``name`` relative to the folder (a sub-folder ends with ``/``)."""
+
+    cts: list[Path] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def skipped_lines(self) -> list[str]:
+        """``skipped NAME: why`` per skipped entry."""
+        return [f"skipped {name}: {why}" for name, why in self.skipped]
+
+
+def is_dicom_file(p: Path) -> bool:
+    """A ``.dcm`` file, or a file without a suffix that starts with the DICOM preamble."""
+    if p.suffix.lower() == ".dcm":
+        return True
+    if p.suffix:  # a named file type that is not DICOM (e.g. .json, .txt, .nii)
+        return False
+    try:
+        with open(p, "rb") as fh:
+            fh.seek(128)
+            return fh.read(4) == b"DICM"
+    except OSError:
+        return False
+
+
+def _visible(folder: Path) -> Iterator[Path]:
+    return (p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def is_dicom_folder(path: str | os.PathLike) -> bool:
+    """True when the folder holds DICOM files itself (one series: one study), not only sub-folders."""
+    return any(p.is_file() and is_dicom_file(p) for p in _visible(Path(path)))
+
+
+def holds_dicom(path: str | os.PathLike) -> bool:
+    """True when a DICOM file lies anywhere under the folder (stops at the first)."""
+    for root, dirs, files in os.walk(str(path)):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(not f.startswith(".") and is_dicom_file(Path(root) / f) for f in files):
+            return True
+    return False
+
+
+def image_kind(path: str | os.PathLike) -> str | None:
+    """Why the volume file ``path`` is not a CT image, or None when it may be one.
+
+    A CT holds air (about -1000 HU) and tissue: many distinct values over more than a thousand HU.
+    A volume with at most :data:`MAX_LABELS` distinct values, none negative, is a binary mask or a
+    label map (a nodule mask stores 0/1, or the number of readers per voxel); one whose values span
+    less than :data:`MIN_HU_RANGE` is not in Hounsfield units (a normalised image, a probability
+    map). The values are read on a grid of at most about 64 points per axis. A file that cannot be
+    read here is left to the reader (None), which refuses it with its own reason.
+    """
+    try:
+        img = sitk.ReadImage(str(path))
+    except RuntimeError:
+        return None
+    if img.GetNumberOfComponentsPerPixel() != 1 or img.GetDimension() < 2:
+        return None
+    arr = sitk.GetArrayViewFromImage(img)
+    sample = np.asarray(arr[tuple(slice(None, None, max(1, n // 64)) for n in arr.shape)])
+    if sample.size == 0:
+        return None
+    values = np.unique(sample)
+    if values.size <= MAX_LABELS and float(values[0]) >= 0:
+        shown = ", ".join(f"{v:g}" for v in values[:8]) + (", ..." if values.size > 8 else "")
+        if values.size == 1:
+            what = f"a blank volume (every value {shown})"
+        elif values.size == 2 and float(values[0]) == 0:
+            what = f"a binary mask (values {shown})"
+        else:
+            what = f"a label map (values {shown})"
+        return f"{what}, not a CT image: a CT holds air at about -1000 HU"
+    lo, hi = float(values[0]), float(values[-1])
+    if hi - lo < MIN_HU_RANGE:
+        return (f"values from {lo:g} to {hi:g} are not Hounsfield units (a CT holds air at about -1000 HU "
+                "and tissue at 0-100 HU): a normalised image or a probability map, not a CT image")
+    return None
+
+
+def find_cts(path: str | os.PathLike, field: str | None = None) -> Found:
+    """The CTs of ``path`` (a CT file, a DICOM series folder, or a folder holding them) and the skipped
+    entries; see the module docstring.
+
+    Raises:
+        DataError: the path does not exist, it is a file that is not a CT volume (naming what it is),
+            or a folder holding no CT (listing what it holds).
+    """
+    path = Path(str(path)).expanduser()
+    if path.is_dir():
+        if is_dicom_folder(path):
+            others = sorted(p.name for p in _visible(path) if p.is_file() and not is_dicom_file(p))
+            return Found([path.absolute()], [(n, "not a DICOM file") for n in others])
+        found = Found()
+        for p in sorted(_visible(path)):
+            if p.is_dir():
+                if holds_dicom(p):
+                    found.cts.append(p.absolute())
+                else:
+                    found.skipped.append((p.name + "/", "no DICOM files in it"))
+            elif p.name.lower().endswith(CT_SUFFIXES):
+                why = image_kind(p)
+                if why is None:
+                    found.cts.append(p.absolute())
+                else:
+                    found.skipped.append((p.name, why))
+            elif p.suffix.lower() == ".raw" and p.with_suffix(".mhd").exists():
+                continue  # the voxels of an .mhd header beside it
+            else:
+                found.skipped.append((p.name, f"not a CT image ({_kind_of(p)})"))
+        if not found.cts:
+            listing = "; ".join(f"{n}: {w}" for n, w in found.skipped) or "nothing"
+            raise DataError(f"the folder holds no CT; found {listing}", file=path, field=field,
+                            fix="put one NIfTI/MHD/NRRD file or DICOM series folder per CT in it")
+        return found
+    if not path.exists():
+        raise DataError("not found", file=path, field=field, fix=_FIX)
+    if not path.name.lower().endswith(CT_SUFFIXES):
+        raise DataError(f"not a CT image ({_kind_of(path)})", file=path, field=field, fix=_FIX)
+    why = image_kind(path)
+    if why is not None:
+        raise DataError(why, file=path, field=field, fix="pass the CT image itself, not its mask or annotation")
+    return Found([path.absolute()])
+
+
+def _kind_of(p: Path) -> str:
+    suffix = "".join(p.suffixes[-2:]) if p.name.lower().endswith(".gz") else p.suffix
+    return suffix.lower() if suffix else "a file without a type"
