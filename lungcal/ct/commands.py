@@ -13,12 +13,17 @@ import argparse
 import csv
 import dataclasses
 import io
+import json
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lungcal.errors import ConfigError
 
-__all__ = ["register", "parse_settings"]
+if TYPE_CHECKING:
+    from lungcal.ct.qc import QCConfig
+
+__all__ = ["register", "parse_settings", "add_qc_options", "qc_settings", "qc_config"]
 
 _ROW_FIELDS = ("pseudonym", "check", "verdict", "value")
 
@@ -34,7 +39,7 @@ def parse_settings(items: list[str] | None) -> dict:
         name = name.strip()
         if not sep or name not in fields:
             raise ConfigError(f"bad --set {item!r}", field="qc",
-                              fix=f"use NAME=VALUE with NAME one of {sorted(fields)}")
+                              fix=f"use --set NAME=VALUE with NAME one of {sorted(fields)}")
         kind = type(fields[name])
         try:
             out[name] = kind(text.strip())
@@ -42,6 +47,52 @@ def parse_settings(items: list[str] | None) -> dict:
             raise ConfigError(f"--set {name} needs a {kind.__name__}, got {text!r}", field=f"qc.{name}",
                               fix=f"e.g. --set {name}={fields[name]}") from None
     return out
+
+
+_SET_HELP = ("a series-check threshold (a field of lungcal.ct.qc.QCConfig), e.g. --set max_slice_thickness_mm=3.5; "
+             "repeatable; thresholds not set keep their documented defaults")
+_QC_FIX = "use --set NAME=VALUE (repeatable), e.g. --set max_slice_thickness_mm=3.5"
+
+
+def add_qc_options(parser: argparse.ArgumentParser, *, legacy_qc: bool = False) -> None:
+    """The series-check thresholds of a command: ``--set NAME=VALUE``, repeatable (``lungcal qc`` and
+    ``lungcal predict``). ``legacy_qc`` adds ``--qc JSON``, the form ``lungcal predict`` took before: a JSON
+    object of the same fields, or the path of a JSON file holding one (a bundle's ``qc`` section, with its
+    ``_target_``, is accepted as it is); ``--set`` applies over it. Read them back with :func:`qc_config`."""
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE", help=_SET_HELP)
+    if legacy_qc:
+        parser.add_argument("--qc", default=None, metavar="JSON",
+                            help="the older form of --set, kept for scripts written before it: a JSON object of "
+                                 "QCConfig fields ('{\"max_slice_thickness_mm\": 3.5}') or a JSON file holding one")
+
+
+def _legacy_qc(text: str) -> dict:
+    p = Path(text)
+    source = p.read_text(encoding="utf-8") if not text.lstrip().startswith("{") and p.is_file() else text
+    try:
+        value = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--qc is neither a JSON object nor a JSON file ({exc.msg})", field="--qc",
+                          fix=_QC_FIX) from None
+    if not isinstance(value, dict):
+        raise ConfigError("--qc must be a JSON object", field="--qc", fix=_QC_FIX)
+    if str(value.get("_target_", "")).endswith("QCConfig"):  # a bundle's qc section, as it is
+        value.pop("_target_")
+    return value
+
+
+def qc_settings(items: list[str] | None, legacy_qc: str | None = None) -> dict:
+    """QCConfig keyword arguments: ``--set NAME=VALUE`` items (:func:`parse_settings`) over an older
+    ``--qc`` JSON object or file (:func:`add_qc_options`)."""
+    return {**(_legacy_qc(legacy_qc) if legacy_qc else {}), **parse_settings(items)}
+
+
+def qc_config(args: argparse.Namespace) -> QCConfig:
+    """The series-check thresholds a command line set with :func:`add_qc_options` (checked: unknown names,
+    wrong types and thresholds out of order are a :class:`ConfigError`)."""
+    from .qc import QCConfig
+
+    return QCConfig.from_any(qc_settings(args.set, getattr(args, "qc", None)))
 
 
 def _targets(target: str) -> tuple[list[dict], list[tuple[str, str]]]:
@@ -60,9 +111,9 @@ def _cmd_qc(args) -> int:
     from lungcal.errors import LungcalError
     from lungcal.paths import atomic_write_text
 
-    from .qc import QCConfig, check_series
+    from .qc import check_series
 
-    config = QCConfig.from_any(parse_settings(args.set))
+    config = qc_config(args)
     rows, skipped = _targets(args.target)
     if args.series_uid and len(rows) > 1:
         raise ConfigError("--series-uid applies to a single DICOM folder", field="series_uid",
@@ -110,8 +161,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="DATALIST_OR_PATH",
                    help="a datalist JSON, a NIfTI/MHD/NRRD file, a DICOM series folder, or a folder holding them "
                         "(read as `lungcal predict` reads it: masks, label maps and other files are skipped)")
-    p.add_argument("--set", action="append", metavar="NAME=VALUE",
-                   help="a threshold of lungcal.ct.qc.QCConfig, e.g. --set max_slice_thickness_mm=2.5 (repeatable)")
+    add_qc_options(p)
     p.add_argument("--series-uid", default=None, help="DICOM folder with several series: the one to check")
     p.add_argument("--csv", default=None, help="write the qc.csv table (pseudonym, check, verdict, value)")
     p.set_defaults(func=_cmd_qc)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from lungcal.ct.commands import add_qc_options, qc_config
+
 __all__ = ["register"]
 
 
@@ -98,9 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "rule: the confidence below which its 10%% least confident validation cases fall)")
     q.add_argument("--output", default=None, help="output folder (default: <output_dir>/inference/<timestamp>)")
     q.add_argument("--no-pictures", action="store_true", help="skip the per-CT PNGs and the gallery")
-    q.add_argument("--qc", default=None, metavar="JSON",
-                   help="series-check thresholds to change, as JSON (QCConfig fields, e.g. "
-                        "'{\"max_slice_thickness_mm\": 3.5}'); default: the documented defaults")
+    add_qc_options(q, legacy_qc=True)
     q.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
     q.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
     q.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
@@ -147,21 +147,11 @@ def _build_bags(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    import json
-
-    from lungcal.ct.qc import QCConfig
     from lungcal.engine.infer.inference import InferenceRun
-    from lungcal.errors import ConfigError
 
-    fix = "pass a JSON object of QCConfig fields, e.g. '{\"max_slice_thickness_mm\": 3.5}'"
-    try:
-        overrides = json.loads(args.qc) if args.qc else {}
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--qc is not valid JSON ({exc.msg})", field="--qc", fix=fix) from None
-    if not isinstance(overrides, dict):
-        raise ConfigError("--qc must be a JSON object", field="--qc", fix=fix)
+    qc = qc_config(args)  # --set NAME=VALUE (and the older --qc JSON), checked before anything loads
     InferenceRun(inputs=args.path, stage1_run_id=args.run, site=args.site, output=args.output,
                  output_dir=args.output_dir, tracking_uri=args.tracking_uri, device=args.device,
-                 num_workers=args.num_workers, batch_size=args.batch_size, qc=QCConfig.from_any(overrides),
+                 num_workers=args.num_workers, batch_size=args.batch_size, qc=qc,
                  refer_below=args.refer_below, pictures=not args.no_pictures, mode="predict").run()
     return 0

@@ -1,4 +1,6 @@
-"""``lungcal ui``: open the project's MLflow store in the MLflow UI.
+"""``lungcal ui``: open the project's MLflow store in the MLflow UI, on each experiment's runs table.
+
+The addresses name the model-training mode and lungcal's saved view (see :mod:`lungcal.tracking.runs_view`).
 
 Imports inside the command keep ``lungcal --help`` fast (the lint contract allows it here).
 """
@@ -20,13 +22,18 @@ __all__ = ["register", "ui_command"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``ui`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
-        "ui", help="open the project's MLflow store in the MLflow UI",
+        "ui", help="open the project's MLflow store in the MLflow UI, on the runs table",
         description="Prints and runs `mlflow ui` on the project's SQLite store, or a team PostgreSQL store "
-        "(bound to 127.0.0.1).")
+        "(bound to 127.0.0.1), and prints the address of each experiment's runs table (nlst, cifar10, cifar10lt, "
+        "whichever exist) in model-training mode with the study's columns: test AUC (CIFAR: ACC) and ECE with "
+        "95% CIs, the temperature, the method, each TS run under its stage-1 run. The columns are a saved view "
+        "(\"Views\" > \"lungcal study\"), written on each experiment that lacks it.")
     p.add_argument("--tracking-uri", default=None,
                    help="store to open: sqlite:///... or postgresql://... (default: the project's SQLite store)")
+    p.add_argument("--experiment", default=None, metavar="NAME",
+                   help="print only this experiment's address (default: nlst, cifar10, cifar10lt, whichever exist)")
     p.add_argument("--port", type=int, default=5000)
-    p.add_argument("--print-only", action="store_true", help="only print the command")
+    p.add_argument("--print-only", action="store_true", help="only print the command and the addresses")
     p.set_defaults(func=_ui)
 
 
@@ -55,10 +62,16 @@ def ui_command(tracking_uri: str | None = None, port: int = 5000) -> list[str]:
 
 def _ui(args: argparse.Namespace) -> int:
     from lungcal.tracking.tracker import redact_uri
+    from lungcal.tracking.ui import experiment_urls
 
     cmd = ui_command(args.tracking_uri, args.port)
+    urls = experiment_urls(cmd[3], [args.experiment] if args.experiment else [], port=args.port)
     print("mlflow " + " ".join(shlex.quote(redact_uri(c)) for c in cmd[1:]))
-    print(f"then open http://127.0.0.1:{args.port}")
+    if not urls:
+        print(f"then open http://127.0.0.1:{args.port} (no nlst, cifar10 or cifar10lt experiment in this store yet)")
+    width = max(len(name) for name, _ in urls) if urls else 0
+    for name, url in urls:
+        print(f"then open {name:<{width}}  {url}")
     if args.print_only:
         return 0
     return subprocess.call(cmd)

@@ -40,6 +40,8 @@ __all__ = [
     "MLFLOW_PARENT",
     "MLFLOW_EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TRAINING",
+    "MLFLOW_SAVED_VIEW_PREFIX",
+    "RUNS_VIEW_ID",
     "CT_EXPERIMENT",
     "THRESHOLD_METRIC",
     "SENSITIVITY_AT_THRESHOLD",
@@ -110,10 +112,15 @@ TAG_OUTCOME = "lungcal.outcome"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"
-#: MLflow 3's experiment tag that picks the UI's landing page; untagged experiments open on the
-#: GenAI overview, where a new user finds no runs.
+#: MLflow 3's experiment tag for the kind of work (``custom_model_development`` = "Machine learning" in the
+#: UI's selector). MLflow 3.0-3.x used it to pick the landing page; 3.17 picks it from the URL's
+#: ``workflowType`` instead (see :mod:`lungcal.tracking.runs_view`), so lungcal prints that URL.
 MLFLOW_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND_TRAINING = "custom_model_development"
+#: MLflow 3.17's saved views of the runs table: experiment tags ``mlflow.sharedViewState.<id>``, opened
+#: by ``?viewStateShareKey=<id>``; lungcal's view (the study's columns) has the id :data:`RUNS_VIEW_ID`.
+MLFLOW_SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+RUNS_VIEW_ID = "lungcal-study"
 
 #: the MLflow experiment of the CT runs (CIFAR runs use ``cifar10`` / ``cifar10lt``).
 CT_EXPERIMENT = "nlst"

@@ -48,6 +48,7 @@ from lungcal.tracking.names import (
     TAG_PARENT,
     TAG_STUDY_JOB,
 )
+from lungcal.tracking.runs_view import ensure_runs_view, saved_view_tag
 
 __all__ = [
     "default_tracking_uri",
@@ -337,14 +338,19 @@ class RunTracker:
 
     # ------------------------------------------------------------------ setup
     def _get_or_create_experiment(self, name: str) -> str:
+        """The experiment's id; a new one is tagged as model training with lungcal's saved runs-table view
+        (:mod:`lungcal.tracking.runs_view`), and an existing one gets whichever of the two it lacks."""
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
             if exp.tags.get(MLFLOW_EXPERIMENT_KIND) is None:
                 self.client.set_experiment_tag(exp.experiment_id, MLFLOW_EXPERIMENT_KIND, EXPERIMENT_KIND_TRAINING)
+            ensure_runs_view(self.client, exp.experiment_id, name, exp.tags)
             return exp.experiment_id
+        view_key, view = saved_view_tag(name)
         try:
             return self.client.create_experiment(name, artifact_location=artifact_root_for(self.tracking_uri),
-                                                 tags={MLFLOW_EXPERIMENT_KIND: EXPERIMENT_KIND_TRAINING})
+                                                 tags={MLFLOW_EXPERIMENT_KIND: EXPERIMENT_KIND_TRAINING,
+                                                       view_key: view})
         except Exception:  # another process created it meanwhile
             exp = self.client.get_experiment_by_name(name)
             if exp is None:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lungcal.tracking.ui import open_with_lines
+
 __all__ = ["CT_COLUMNS", "CIFAR_COLUMNS", "with_ci", "summary_lines", "post_hoc_lines"]
 
 #: ``(label, report key, in percent)`` of a summary row
@@ -48,13 +50,16 @@ def summary_lines(title: str, rows: Sequence[tuple[str, Mapping[str, Any]]], out
         runs: ``(what, run id)`` of every MLflow run written, e.g. ``("stage 1", id)``, ``("+ TS", id)``.
         columns: the report keys shown (:data:`CT_COLUMNS` or :data:`CIFAR_COLUMNS`).
         next_steps: commands that follow this run, printed one per line.
+
+    The "open with" lines start ``mlflow ui`` and give the address of the runs' experiment on its runs table
+    with the study's columns (:func:`lungcal.tracking.ui.open_with_lines`).
     """
     width = max([14, *(len(name) for name, _ in rows)])
     lines = [f"== {prefix} {title} =="]
     lines += [_row(name, r, columns, width) for name, r in rows]
     lines.append(f"  {'stored under':<{width}} {output_dir}")
     lines.append(f"  {'MLflow runs':<{width}} " + ", ".join(f"{rid} ({what})" for what, rid in runs))
-    lines.append(f"  {'open with':<{width}} mlflow ui --backend-store-uri {tracking_uri}")
+    lines += open_with_lines(tracking_uri, runs[0][1] if runs else None, width)
     for step in next_steps:
         lines.append(f"  {'next':<{width}} {step}")
     return "\n".join(lines)

@@ -271,4 +271,5 @@ def test_user_error_under_monai_bundle_run_is_one_line_and_exit_code_2(tmp_path)
     assert "Traceback" not in proc.stderr and "RuntimeError" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("lungcal: error:")]
     assert len(errors) == 1
-    assert str(missing) in errors[0] and "inputs not found" in errors[0] and "Fix:" in errors[0]
+    assert str(missing) in errors[0] and "field 'inputs'" in errors[0] and "not found" in errors[0]
+    assert "Fix:" in errors[0]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lungcal.tracking.ui import open_with_lines
 from lungcal.workflow import with_ci
 
 if TYPE_CHECKING:  # recalibrate imports this module to print its result
@@ -81,5 +82,5 @@ def format_summary(res: Recalibration) -> str:
                      "the fits are noisy and the CIs are wide")
     if res.run_id:
         lines.append(f"  MLflow run    {res.run_id} (parent {res.parent_run or 'checkpoint'})")
-        lines.append(f"  open with     mlflow ui --backend-store-uri {res.tracking_uri}")
+        lines += open_with_lines(res.tracking_uri, res.run_id, width=13)
     return "\n".join(lines)
