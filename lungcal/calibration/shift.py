@@ -1,0 +1,283 @@
+"""Is a new site's data the model's kind of data? Label-shift-aware shift tests on a model's outputs.
+
+A site can differ from the data a model was trained on in two ways that need different fixes:
+
+- **prevalence** (label shift): ``p(y)`` changes, ``p(x | y)`` does not. A prior adjustment with the
+  site's prevalence (known, or estimated by EM on unlabelled CTs) is then valid;
+- **anything else** (a scanner, a reconstruction kernel, a population): ``p(x | y)`` changes, and only
+  the site's own labels can recalibrate or adapt the model.
+
+Black-box shift detection (Lipton, Wang & Smola, ICML 2018; Rabanser, Günnemann & Lipton, "Failing
+loudly", NeurIPS 2019) tells them apart on the model's outputs alone, without site labels:
+
+1. :func:`bbse_prevalence` estimates the site's prevalence from the fraction of its CTs the model
+   calls positive, corrected with the model's true- and false-positive rates on the source's
+   held-out (validation) split (black-box shift estimation, BBSE);
+2. :func:`label_shift_test` compares the site's output distribution with the source's **re-weighted
+   to that prevalence**: class-stratified subsamples of the source with the site's class ratio, so
+   that under a pure prevalence change both samples come from the same law; a two-sample
+   Kolmogorov-Smirnov statistic with a permutation p-value (:func:`ks_permutation_test`, through
+   :func:`scipy.stats.permutation_test`) per subsample, merged over the subsamples as twice their
+   median (valid whatever their dependence: Meng 1994, Vovk & Wang 2020);
+3. :func:`ks_permutation_test` on the un-weighted source says whether anything changed at all.
+
+On a binary model's one-dimensional output a change of ``p(score | y)`` that moves the scores along
+the axis (a scanner that makes every CT look a little more suspicious) is partly explained away as a
+prevalence change: BBSE then estimates a different prevalence and the re-weighted source matches
+(measured in ``tests/calibration/test_shift.py`` and ``docs/results.md``). The same test on the bag
+**embeddings** (:func:`mmd_permutation_test`: kernel MMD on their leading principal components,
+Rabanser et al.'s best-performing detector family) does not have that blind spot, because a prevalence
+change can only mix the two classes' embedding laws, not move them.
+
+alibi-detect implements these detectors, but its releases pin ``numpy<2`` and ``pandas<3`` (and pull
+``transformers``), which this stack cannot take; the statistics here are small, and the permutation
+machinery is scipy's.
+
+:func:`range_test` asks the acquisition side's question (are more of the site's values outside the
+training data's central range than chance allows?) with an exact binomial test.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from lungcal.errors import DataError
+
+__all__ = ["ShiftTest", "ks_statistic", "ks_permutation_test", "mmd_permutation_test", "two_sample_test",
+           "reduce_features", "bbse_prevalence", "prevalence_interval", "matched_reference", "label_shift_test",
+           "range_test", "merge_pvalues"]
+
+
+@dataclass(frozen=True)
+class ShiftTest:
+    """One two-sample test: the statistic (KS distance), its p-value, the two sample sizes, and for a
+    label-shift-aware test the prevalence the source was re-weighted to and how many subsamples were merged."""
+
+    statistic: float
+    pvalue: float
+    n_source: int
+    n_target: int
+    prevalence: float | None = None
+    n_subsamples: int = 1
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"statistic": self.statistic, "pvalue": self.pvalue, "n_source": self.n_source,
+                "n_target": self.n_target, "prevalence": self.prevalence, "n_subsamples": self.n_subsamples}
+
+
+def ks_statistic(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The two-sample Kolmogorov-Smirnov distance ``sup |F_x - F_y|``, vectorised over leading axes
+    (the form :func:`scipy.stats.permutation_test` calls with ``vectorized=True``); ties are handled as
+    :func:`scipy.stats.ks_2samp` handles them (the ECDFs are compared at the pooled distinct values)."""
+    x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
+    nx, ny = x.shape[-1], y.shape[-1]
+    pooled = np.concatenate([x, y], axis=-1)
+    order = np.argsort(pooled, axis=-1, kind="stable")
+    values = np.take_along_axis(pooled, order, axis=-1)
+    steps = np.where(order < nx, 1.0 / nx, -1.0 / ny)
+    diff = np.cumsum(steps, axis=-1)
+    last = np.ones(values.shape, bool)  # compare only after the last of equal values
+    last[..., :-1] = values[..., 1:] != values[..., :-1]
+    return np.max(np.where(last, np.abs(diff), 0.0), axis=-1)
+
+
+def ks_permutation_test(x: Sequence[float], y: Sequence[float], n_resamples: int = 2000,
+                        seed: int | np.random.Generator | None = 0) -> ShiftTest:
+    """Two-sample KS test of ``x`` (source) against ``y`` (target) with a permutation p-value
+    (:func:`scipy.stats.permutation_test`, ``permutation_type="independent"``, one-sided on the distance)."""
+    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
+    if x.size < 2 or y.size < 2:
+        raise DataError(f"a two-sample test needs at least 2 values per sample (got {x.size} and {y.size})",
+                        field="scores")
+    res = stats.permutation_test((x, y), ks_statistic, permutation_type="independent", vectorized=True,
+                                 n_resamples=n_resamples, alternative="greater", random_state=seed)
+    return ShiftTest(float(res.statistic), float(res.pvalue), int(x.size), int(y.size))
+
+
+def _mmd2(kernel: np.ndarray, nx: int, order: np.ndarray) -> np.ndarray:
+    """Biased MMD^2 of the samples ``order[..., :nx]`` and ``order[..., nx:]`` of a pooled kernel matrix."""
+    x, y = order[..., :nx], order[..., nx:]
+    kxx = kernel[x[..., :, None], x[..., None, :]].mean(axis=(-2, -1))
+    kyy = kernel[y[..., :, None], y[..., None, :]].mean(axis=(-2, -1))
+    kxy = kernel[x[..., :, None], y[..., None, :]].mean(axis=(-2, -1))
+    return kxx + kyy - 2 * kxy
+
+
+def mmd_permutation_test(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000,
+                         seed: int | np.random.Generator | None = 0) -> ShiftTest:
+    """Two-sample kernel MMD test (Gretton et al. 2012) of ``x`` ``(n, d)`` against ``y`` ``(m, d)``: a Gaussian
+    kernel whose width is the median pairwise distance of the pooled sample, the biased MMD^2 statistic, and
+    a permutation p-value (:func:`scipy.stats.permutation_test` permuting the pooled indices)."""
+    x, y = np.atleast_2d(np.asarray(x, float)), np.atleast_2d(np.asarray(y, float))
+    if x.shape[0] < 2 or y.shape[0] < 2:
+        raise DataError(f"a two-sample test needs at least 2 cases per sample (got {x.shape[0]} and {y.shape[0]})",
+                        field="features")
+    from sklearn.metrics.pairwise import euclidean_distances
+
+    pooled = np.concatenate([x, y])
+    d2 = euclidean_distances(pooled, squared=True)
+    med = float(np.median(d2[np.triu_indices_from(d2, 1)]))
+    kernel = np.exp(-d2 / max(med, 1e-12))
+    nx = x.shape[0]
+
+    def statistic(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        return _mmd2(kernel, nx, np.concatenate([a, b], axis=-1).astype(int))
+
+    idx = np.arange(pooled.shape[0])
+    res = stats.permutation_test((idx[:nx], idx[nx:]), statistic, permutation_type="independent",
+                                 vectorized=True, n_resamples=n_resamples, alternative="greater",
+                                 random_state=seed, batch=64)
+    return ShiftTest(float(res.statistic), float(res.pvalue), int(nx), int(y.shape[0]))
+
+
+def two_sample_test(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000,
+                    seed: int | np.random.Generator | None = 0) -> ShiftTest:
+    """:func:`ks_permutation_test` for one-dimensional samples (scores), :func:`mmd_permutation_test` for
+    ``(n, d)`` samples (embeddings)."""
+    if np.ndim(x) == 2 and np.shape(x)[1] > 1:
+        return mmd_permutation_test(x, y, n_resamples=n_resamples, seed=seed)
+    return ks_permutation_test(np.ravel(x), np.ravel(y), n_resamples=n_resamples, seed=seed)
+
+
+def reduce_features(source: np.ndarray, target: np.ndarray, n_components: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Both samples projected on the leading principal components of the two pooled (standardised by the
+    pooled mean and SD; at most ``n_components``), the reduction Rabanser et al. pair with MMD.
+
+    Fitted on the pooled cases, not on the source alone: components fitted to one sample give that sample
+    more variance along them than new cases get (overfitting), which a two-sample test then reports as a
+    shift (measured: 15 % false alarms at alpha 0.05 with 200 source cases in 16 dimensions)."""
+    from sklearn.decomposition import PCA
+
+    s, t = np.asarray(source, float), np.asarray(target, float)
+    pooled = np.concatenate([s, t])
+    mean, sd = pooled.mean(axis=0), pooled.std(axis=0)
+    sd[sd < 1e-12] = 1.0
+    k = int(max(1, min(n_components, s.shape[1], pooled.shape[0] - 1)))
+    pca = PCA(n_components=k, random_state=0).fit((pooled - mean) / sd)
+    return pca.transform((s - mean) / sd), pca.transform((t - mean) / sd)
+
+
+def _confusion(source_scores: np.ndarray, source_labels: np.ndarray, threshold: float) -> tuple[float, float]:
+    called = source_scores > threshold
+    return float(called[source_labels == 1].mean()), float(called[source_labels == 0].mean())
+
+
+def _check_source(scores: Sequence[float], labels: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    s, y = np.asarray(scores, float).ravel(), np.asarray(labels).ravel().astype(int)
+    if s.shape != y.shape:
+        raise DataError(f"{s.size} source scores but {y.size} labels", field="labels")
+    if set(np.unique(y)) != {0, 1}:
+        raise DataError("the source needs cancer and non-cancer cases", field="labels",
+                        fix="use a reference split that holds both labels")
+    return s, y
+
+
+def bbse_prevalence(source_scores: Sequence[float], source_labels: Sequence[int], target_scores: Sequence[float],
+                    threshold: float | None = None) -> float:
+    """The target's prevalence by black-box shift estimation (Lipton et al. 2018), binary case.
+
+    With the hard classifier ``score > t``, its true- and false-positive rates ``tpr``, ``fpr`` on the
+    labelled source, and the fraction ``mu`` of target cases it calls positive, the prevalence ``q``
+    solves ``mu = q tpr + (1 - q) fpr``: ``q = (mu - fpr) / (tpr - fpr)``, clipped to [0, 1].
+
+    ``threshold`` defaults to the source's median score, where the rates are estimated on the most cases.
+    A classifier no better than chance (``tpr <= fpr``) gives NaN: nothing can be estimated.
+    """
+    s, y = _check_source(source_scores, source_labels)
+    t = float(np.median(s)) if threshold is None else float(threshold)
+    tpr, fpr = _confusion(s, y, t)
+    if tpr - fpr <= 1e-9:
+        return float("nan")
+    mu = float((np.asarray(target_scores, float) > t).mean())
+    return float(np.clip((mu - fpr) / (tpr - fpr), 0.0, 1.0))
+
+
+def prevalence_interval(source_scores: Sequence[float], source_labels: Sequence[int], target_scores: Sequence[float],
+                        n_bootstrap: int = 1000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval of :func:`bbse_prevalence`, resampling the source (within each
+    label) and the target, so both the rates' and the target fraction's noise are in it."""
+    s, y = _check_source(source_scores, source_labels)
+    t_scores = np.asarray(target_scores, float).ravel()
+    rng = np.random.default_rng(seed)
+    pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    est = []
+    for _ in range(n_bootstrap):
+        idx = np.concatenate([rng.choice(pos, pos.size), rng.choice(neg, neg.size)])
+        q = bbse_prevalence(s[idx], y[idx], rng.choice(t_scores, t_scores.size), threshold=float(np.median(s)))
+        if np.isfinite(q):
+            est.append(q)
+    if not est:
+        return float("nan"), float("nan")
+    lo, hi = np.quantile(est, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def matched_reference(source_labels: Sequence[int], prevalence: float, rng: np.random.Generator) -> np.ndarray:
+    """Indices of the largest class-stratified subsample of the source (drawn without replacement) whose
+    share of label 1 is ``prevalence``: the source re-weighted to the target's class ratio."""
+    y = np.asarray(source_labels).ravel().astype(int)
+    pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    q = float(np.clip(prevalence, 0.0, 1.0))
+    sizes = [pos.size / q if q > 0 else np.inf, neg.size / (1 - q) if q < 1 else np.inf]
+    m = min(sizes)
+    n_pos = min(pos.size, int(round(m * q)))
+    n_neg = min(neg.size, int(round(m * (1 - q))))
+    return np.concatenate([rng.choice(pos, n_pos, replace=False), rng.choice(neg, n_neg, replace=False)])
+
+
+def merge_pvalues(pvalues: Sequence[float]) -> float:
+    """Twice the median of p-values from the same hypothesis (valid under any dependence; Meng 1994,
+    Vovk & Wang 2020), capped at 1: how the subsamples of :func:`label_shift_test` are combined."""
+    return float(min(1.0, 2.0 * float(np.median(np.asarray(pvalues, float)))))
+
+
+def label_shift_test(source_scores: Sequence[float], source_labels: Sequence[int], target_scores: Sequence[float],
+                     prevalence: float | None = None, n_subsamples: int = 20, n_resamples: int = 1000,
+                     seed: int = 0, source_features: np.ndarray | None = None,
+                     target_features: np.ndarray | None = None) -> ShiftTest:
+    """Did anything but the prevalence change? The target against the source re-weighted to the target's
+    prevalence (``prevalence``, default :func:`bbse_prevalence` on the scores).
+
+    The source is re-weighted by ``n_subsamples`` class-stratified subsamples with the target's class ratio
+    (:func:`matched_reference`); each is compared with the target by :func:`two_sample_test` (the scores by
+    KS, or, when ``source_features`` and ``target_features`` are given, those ``(n, d)`` embeddings by MMD),
+    and the p-values are merged by :func:`merge_pvalues`. The statistic reported is the median over the
+    subsamples. Under a pure prevalence change the p-value is (about) uniform; a change of ``p(x | y)``
+    lowers it. A prevalence that cannot be estimated (a chance-level model) falls back to the source's own.
+    """
+    s, y = _check_source(source_scores, source_labels)
+    t = np.asarray(target_scores, float).ravel()
+    q = bbse_prevalence(s, y, t) if prevalence is None else float(prevalence)
+    if not np.isfinite(q):
+        q = float(y.mean())
+    if (source_features is None) != (target_features is None):
+        raise DataError("embeddings are needed for both the source and the target", field="features")
+    src = s if source_features is None else np.asarray(source_features, float)
+    tgt = t if target_features is None else np.asarray(target_features, float)
+    if src.shape[0] != s.size or tgt.shape[0] != t.size:
+        raise DataError("one embedding per score is needed", field="features")
+    rng = np.random.default_rng(seed)
+    stat, pvals, sizes = [], [], []
+    for _ in range(n_subsamples):
+        idx = matched_reference(y, q, rng)
+        r = two_sample_test(src[idx], tgt, n_resamples=n_resamples, seed=rng)
+        stat.append(r.statistic)
+        pvals.append(r.pvalue)
+        sizes.append(idx.size)
+    return ShiftTest(float(np.median(stat)), merge_pvalues(pvals), int(np.median(sizes)), int(t.size),
+                     prevalence=q, n_subsamples=n_subsamples)
+
+
+def range_test(values: Sequence[float], low: float, high: float, expected: float = 0.02) -> tuple[int, int, float]:
+    """``(outside, n, p)``: how many finite ``values`` lie outside ``[low, high]``, and the exact binomial
+    p-value of that many or more when each falls outside with probability ``expected`` (0.02 for the
+    training data's 1st-99th percentile range). NaN values are left out; no finite value gives ``p = 1``."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    outside = int(((v < low) | (v > high)).sum())
+    if not v.size:
+        return 0, 0, 1.0
+    return outside, int(v.size), float(stats.binomtest(outside, v.size, expected, alternative="greater").pvalue)
