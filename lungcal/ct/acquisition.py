@@ -53,7 +53,7 @@ from scipy.special import ndtri
 
 __all__ = ["ACQUISITION_FIELDS", "AcquisitionStats", "acquisition_stats", "sample_slices", "body_masks",
            "air_level", "noise_level", "edge_sigma", "PADDING_BELOW_HU", "SUMMARY_VERSION", "SUMMARY_QUANTILES",
-           "summarize_acquisitions", "summary_quantiles"]
+           "summarize_acquisitions", "summary_quantiles", "TOLERANCE", "training_range", "outside_training"]
 
 #: the measured numbers a site check compares (all floats; NaN when not measurable)
 ACQUISITION_FIELDS = ("slice_thickness_mm", "slice_spacing_mm", "pixel_mm", "air_hu", "noise_hu", "edge_sigma_mm")
@@ -69,6 +69,12 @@ _MIN_VOXELS = 100
 SUMMARY_VERSION = 1
 #: the quantile levels a summary keeps per field (a piecewise-linear CDF for comparisons)
 SUMMARY_QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+#: how far beyond the training data's values a measurement may lie and still count as inside: the
+#: estimators' own error on phantoms (``tests/ct/test_acquisition.py``: noise within 15 %, edge width within
+#: 0.25 mm), half a typical slice-thickness step, and 25 HU of air (a scanner's air calibration tolerance).
+#: ``noise_hu`` is relative (a fraction of the range's end), the others absolute.
+TOLERANCE = {"slice_thickness_mm": 0.25, "slice_spacing_mm": 0.25, "pixel_mm": 0.1, "air_hu": 25.0,
+             "noise_hu": 0.15, "edge_sigma_mm": 0.25}
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,40 @@ def summary_quantiles(summary: Mapping[str, Any], field: str) -> tuple[np.ndarra
         return np.empty(0), np.empty(0)
     levels, values = np.array(sorted(pairs)).T
     return levels, values
+
+
+def training_range(summary: Mapping[str, Any], field: str, central: bool = True) -> tuple[float, float] | None:
+    """The training data's range of one field, widened by :data:`TOLERANCE`: its 1st-99th percentiles
+    (``central``; 2 % of training CTs fall outside by construction, what a site test compares with) or its
+    minimum and maximum (what one CT is flagged against). None when the summary has no value for it."""
+    f = (summary.get("fields") or {}).get(field) or {}
+    if central:
+        q = f.get("quantiles") or {}
+        lo, hi = q.get(f"{SUMMARY_QUANTILES[0]:g}"), q.get(f"{SUMMARY_QUANTILES[-1]:g}")
+    else:
+        lo, hi = f.get("min"), f.get("max")
+    if lo is None or hi is None:
+        return None
+    tol = TOLERANCE.get(field, 0.0)
+    if field == "noise_hu":
+        return float(lo) * (1 - tol), float(hi) * (1 + tol)
+    return float(lo) - tol, float(hi) + tol
+
+
+def outside_training(summary: Mapping[str, Any] | None, stats: AcquisitionStats | None) -> list[dict[str, float | str]]:
+    """The fields of one CT's acquisition outside everything the training data held (:func:`training_range`
+    with ``central=False``), each as ``{"field", "value", "low", "high"}``; empty when inside, not measured,
+    or without a summary."""
+    if summary is None or stats is None:
+        return []
+    out: list[dict[str, float | str]] = []
+    for name, value in stats.values().items():
+        rng = training_range(summary, name, central=False)
+        if rng is None or not math.isfinite(value):
+            continue
+        if not rng[0] <= value <= rng[1]:
+            out.append({"field": name, "value": value, "low": rng[0], "high": rng[1]})
+    return out
 
 
 def sample_slices(arr: np.ndarray, max_slices: int = 8) -> np.ndarray:

@@ -14,7 +14,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``recalibrate`` and ``build-bags`` to the ``lungcal`` parser."""
+    """Add ``recalibrate``, ``site-check`` and ``build-bags`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -32,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--unlabelled", default=None, metavar="DATALIST",
                    help="site CTs without outcomes (a datalist or a folder of CTs): adds a row re-weighted to the "
                         "prevalence estimated on them by EM (Saerens et al. 2002)")
+    p.add_argument("--force", action="store_true",
+                   help="with --prevalence/--unlabelled: go on although the site check (run first, on the val and "
+                        "test CTs) found scanner_shift or could not run (too few CTs); the run is tagged "
+                        "lungcal.forced_past_site_check and predict --site warns on every use")
     p.add_argument("--source-prevalence", default=None, metavar="P",
                    help="the prevalence the shipped model is calibrated to (default: read from the stage-1 run)")
     p.add_argument("--miss-rate", default=None, metavar="ALPHA",
@@ -53,6 +57,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="score every CT, also those that fail a series check (default: leave them out, as training "
                         "does; inference refuses them)")
     p.set_defaults(func=_recalibrate)
+
+    c = subparsers.add_parser(
+        "site-check", help="is a new site's data the model's kind of data? (verdict and the valid routes)",
+        description="Compare a site's CTs (labels not needed) with a stage-1 model's training data: their "
+        "acquisition (slice thickness, pixel size, HU of air, noise, sharpness) against the summary the run logged, "
+        "and the model's outputs and embeddings against its validation split re-weighted to the prevalence "
+        "estimated on the site (black-box shift detection, permutation p-values). Prints one verdict, "
+        "comparable, prevalence_shift or scanner_shift, with the routes valid for it; logs an MLflow run (tag "
+        "lungcal.site_check). Exit code 2 when too few CTs pass the series checks to tell.")
+    c.add_argument("datalist", metavar="DATALIST_OR_FOLDER",
+                   help="the site's datalist JSON (any splits; labels not needed) or a folder holding its CTs")
+    c.add_argument("--run", required=True, metavar="ID", help="the stage-1 MLflow run id of the model")
+    c.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON here")
+    c.add_argument("--alpha", type=float, default=0.05,
+                   help="false-alarm rate of a scanner_shift verdict on a same-scanner site (default 0.05)")
+    c.add_argument("--site", default=None, help="site name for the lungcal.site tag (default: from the datalist)")
+    c.add_argument("--reference", default=None, metavar="DATALIST",
+                   help="for a run trained before site checks: the datalist it was trained on (its val split is "
+                        "scored as the reference)")
+    c.add_argument("--permutations", type=int, default=1000, help="permutations per test (default 1000)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the permutations and subsamples")
+    add_qc_options(c)
+    c.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    c.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
+    c.add_argument("--num-workers", type=int, default=0, help="parallel workers for the series checks and bags")
+    c.set_defaults(func=_site_check)
 
     b = subparsers.add_parser(
         "build-bags", help="build the bag cache ahead of training (local processes or a Dask cluster)",
@@ -116,8 +146,19 @@ def _recalibrate(args: argparse.Namespace) -> int:
                       unlabelled=args.unlabelled, source_prevalence=args.source_prevalence, site=args.site,
                       experiment=args.experiment, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap, seed=args.seed,
                       tracking_uri=args.tracking_uri, output_dir=args.output_dir, num_workers=args.num_workers,
-                      qc=None if args.no_qc else DEFAULT_QC, miss_rate=args.miss_rate, confidence=args.confidence)
+                      qc=None if args.no_qc else DEFAULT_QC, miss_rate=args.miss_rate, confidence=args.confidence,
+                      force=args.force)
     print(format_summary(res))
+    return 0
+
+
+def _site_check(args: argparse.Namespace) -> int:
+    from lungcal.engine.site.site_check import format_report, site_check
+
+    res = site_check(args.run, args.datalist, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
+                     json_path=args.json, alpha=args.alpha, site=args.site, reference=args.reference,
+                     qc=qc_config(args), num_workers=args.num_workers, n_resamples=args.permutations, seed=args.seed)
+    print(format_report(res))
     return 0
 
 

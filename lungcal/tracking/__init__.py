@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         linked_runs,
         linked_temperature,
         run_acquisition_summary,
+        run_site_reference,
     )
     from lungcal.tracking.tracker import (
         RunTracker,
@@ -41,12 +42,14 @@ _LAZY = {
                                                      "file_digest", "flatten_config", "privacy_filter")},
     **{name: "lungcal.tracking.lookup" for name in ("add_run_metrics", "artifact_checkpoint", "find_stage1_run",
                                                     "linked_calibrator", "linked_calibrator_run", "linked_runs",
-                                                    "linked_temperature", "run_acquisition_summary")},
+                                                    "linked_temperature", "run_acquisition_summary",
+                                                    "run_site_reference")},
 }
 
 __all__ = [*_names, "RunTracker", "artifact_root_for", "default_tracking_uri", "file_digest", "flatten_config",
            "privacy_filter", "add_run_metrics", "artifact_checkpoint", "find_stage1_run", "linked_calibrator",
-           "linked_calibrator_run", "linked_runs", "linked_temperature", "run_acquisition_summary"]
+           "linked_calibrator_run", "linked_runs", "linked_temperature", "run_acquisition_summary",
+           "run_site_reference"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -21,6 +22,7 @@ from lungcal.tracking.names import (
     CT_EXPERIMENT,
     GUARANTEE_ARTIFACT,
     REFERENCE_CALIBRATOR,
+    SITE_REFERENCE_ARTIFACT,
     TAG_CALIBRATOR,
     TAG_PARENT,
     TAG_RECALIBRATION,
@@ -30,7 +32,8 @@ from lungcal.tracking.names import (
 )
 
 __all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature", "linked_calibrator_run",
-           "linked_calibrator", "linked_guarantee", "add_run_metrics", "run_acquisition_summary"]
+           "linked_calibrator", "linked_guarantee", "add_run_metrics", "run_acquisition_summary",
+           "run_site_reference"]
 
 
 def find_stage1_run(tracking_uri: str, run_id: str | None = None, experiment: str = CT_EXPERIMENT):
@@ -88,6 +91,17 @@ def run_acquisition_summary(tracking_uri: str, run_id: str) -> dict[str, Any] | 
     if name not in {Path(f.path).name for f in client.list_artifacts(run_id, folder)}:
         return None
     return json.loads(Path(client.download_artifacts(run_id, ACQUISITION_ARTIFACT)).read_text())
+
+
+def run_site_reference(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
+    """What a stage-1 run's network made of its validation split (its ``data/site_reference.npz``: ``scores``,
+    ``labels``, ``features``), or ``None`` for a run that logged none (runs made before site checks)."""
+    client = MlflowClient(tracking_uri)
+    folder, name = SITE_REFERENCE_ARTIFACT.rsplit("/", 1)
+    if name not in {Path(f.path).name for f in client.list_artifacts(run_id, folder)}:
+        return None
+    with np.load(client.download_artifacts(run_id, SITE_REFERENCE_ARTIFACT)) as z:
+        return {k: z[k] for k in z.files}
 
 
 def linked_runs(tracking_uri: str, run, stage2: str | None = None, finished: bool = True) -> list:

@@ -51,6 +51,10 @@ __all__ = [
     "CONFIG_ARTIFACT",
     "MODEL_ARTIFACT",
     "ACQUISITION_ARTIFACT",
+    "SITE_REFERENCE_ARTIFACT",
+    "TAG_SITE_CHECK",
+    "TAG_FORCED",
+    "SITE_CHECK_ARTIFACT",
     "PLOTS_DIR",
     "PREDICTIONS_DIR",
     "metric_name",
@@ -147,6 +151,15 @@ MODEL_ARTIFACT = "model"
 #: pixel size, HU of air, noise, edge width) n, mean, sd and quantiles, and the scanner-profile and kernel
 #: counts (lungcal.ct.acquisition.summarize_acquisitions); what a site check compares a new site with
 ACQUISITION_ARTIFACT = "data/acquisition.json"
+#: what a stage-1 run's network makes of its validation split, for site checks: ``scores`` (logit of
+#: cancer minus logit of no cancer), ``labels`` and ``features`` (the pooled bag embeddings); no identifiers
+SITE_REFERENCE_ARTIFACT = "data/site_reference.npz"
+#: the tag of a ``lungcal site-check`` run: its verdict (``comparable``, ``prevalence_shift``, ``scanner_shift``)
+TAG_SITE_CHECK = "lungcal.site_check"
+#: set on a run that a site check refused and ``--force`` ran anyway: the verdict it overrode
+TAG_FORCED = "lungcal.forced_past_site_check"
+#: the JSON of a site check, in its run
+SITE_CHECK_ARTIFACT = "site_check.json"
 PLOTS_DIR = "plots"
 PREDICTIONS_DIR = "predictions"
 

@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from lungcal.calibration.shift import (
+    EmbeddingRange,
     bbse_prevalence,
     ks_permutation_test,
     ks_statistic,
@@ -142,3 +143,12 @@ def test_a_source_without_both_labels_is_a_data_error():
         bbse_prevalence([0.1, 0.2], [1, 1], [0.3])
     with pytest.raises(DataError):
         ks_permutation_test([0.1], [0.2, 0.3])
+
+
+def test_the_embedding_range_flags_about_1_minus_its_quantile_of_new_cases_and_most_shifted_ones():
+    rng = np.random.default_rng(7)
+    ref = rng.normal(size=(200, 24))
+    er = EmbeddingRange(ref, quantile=0.99)
+    assert er.outside(rng.normal(size=(4000, 24))).mean() <= 0.03  # held-out calibration, not in-sample
+    assert er.outside(rng.normal(size=(500, 24)) * 2.0).mean() > 0.5
+    assert er.distance(ref[:3]).shape == (3,)

@@ -17,7 +17,7 @@ from lungcal.calibration.plots import reliability_diagram, risk_coverage_plot
 from lungcal.calibration.scaling import probabilities
 from lungcal.calibration.selective import predictive_entropy, selective_report
 from lungcal.paths import atomic_write
-from lungcal.tracking.names import plot_artifact, predictions_artifact
+from lungcal.tracking.names import SITE_REFERENCE_ARTIFACT, plot_artifact, predictions_artifact
 
 __all__ = ["probabilities", "evaluate_probs", "write_predictions", "log_split"]
 
@@ -105,3 +105,31 @@ def log_split(tracker, split: str, probs, labels, report: Mapping[str, Any], *, 
         p = write_predictions(Path(workdir) / Path(name).name, subjects, labels, probs, attention,
                               candidates, entropy=entropy, mi=mi)
         tracker.log_artifact(p, str(Path(name).parent))
+
+
+def binary_scores(logits) -> np.ndarray:
+    """The one-number output of a two-class network per case: logit of class 1 minus logit of class 0."""
+    z = np.asarray(logits.detach().cpu().numpy() if hasattr(logits, "detach") else logits, dtype=np.float64)
+    return z[:, 1] - z[:, 0] if z.ndim == 2 and z.shape[1] == 2 else z.reshape(len(z), -1)[:, -1]
+
+
+def flat_features(features) -> np.ndarray:
+    """Pooled bag embeddings as one row per case ``(N, D)`` (a multi-head pooling's ``(N, H, D)`` flattened)."""
+    f = np.asarray(features.detach().cpu().numpy() if hasattr(features, "detach") else features, dtype=np.float32)
+    return f.reshape(len(f), -1)
+
+
+def log_site_reference(tracker, logits, labels, features, workdir: str | os.PathLike) -> None:
+    """Log what the network makes of its validation split as ``data/site_reference.npz`` (``scores``
+    (:func:`binary_scores`), ``labels``, ``features``: the pooled bag embeddings, :func:`flat_features`; no
+    identifiers): the
+    source side of ``lungcal site-check``. Multi-class networks log nothing (site checks are binary)."""
+    z = np.asarray(logits.detach().cpu().numpy() if hasattr(logits, "detach") else logits)
+    if z.ndim != 2 or z.shape[1] != 2:
+        return
+    f = flat_features(features)
+    path = Path(workdir) / Path(SITE_REFERENCE_ARTIFACT).name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as fh:
+        np.savez(fh, scores=binary_scores(z), labels=np.asarray(labels, dtype=np.int64), features=f)
+    tracker.log_artifact(path, str(Path(SITE_REFERENCE_ARTIFACT).parent))

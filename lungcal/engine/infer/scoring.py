@@ -30,7 +30,8 @@ __all__ = ["MEMBER_SAMPLES", "score_rows", "write_outputs"]
 #: the key of MC-dropout / ensemble member probabilities ``(M, N, C)`` in a predict function's output
 MEMBER_SAMPLES = "samples"
 PREDICTION_COLUMNS = ("subject", "probability", "temperature", "top_candidate", "top_attention", "calibrator",
-                      "confidence", "referred", "entropy", "mutual_information", "probability_sd", "work_up")
+                      "confidence", "referred", "entropy", "mutual_information", "probability_sd", "work_up",
+                      "outside_training")
 
 
 def score_rows(network, rows: Sequence[Mapping[str, Any]], bag_params, calibrator, *, cache_dir: str | os.PathLike,
@@ -43,7 +44,8 @@ def score_rows(network, rows: Sequence[Mapping[str, Any]], bag_params, calibrato
 
     Returns:
         ``{"subjects", "rows", "labels" (the rows' labels; unlabelled rows read as 0), "logits" (N, C),
-        "probs" (N, C) calibrated, "attention" (N, K),
+        "probs" (N, C) calibrated, "attention" (N, K), "features" (N, D) the pooled bag embeddings (None when
+        ``predict_fn`` gives none),
         "candidates" (per CT: ``world`` RAS mm, ``radius_mm``, ``score``), "member_probs" ((M, N, C)
         calibrated, or None)}``.
     """
@@ -61,13 +63,15 @@ def score_rows(network, rows: Sequence[Mapping[str, Any]], bag_params, calibrato
                                  for s in samples])
     return {"subjects": split["subjects"], "rows": list(rows), "labels": split["labels"], "logits": logits,
             "probs": calibrated_probs(calibrator, logits), "attention": _numpy(out["attention"]),
+            "features": _numpy(out["features"]) if "features" in out else None,
             "candidates": split["candidates"], "member_probs": member_probs}
 
 
 def write_outputs(folder: str | os.PathLike, scores: Mapping[str, Any], cases: Sequence[Mapping[str, Any]],
                   temperature: float) -> dict[str, Path]:
-    """``predictions.csv`` (one row per CT), ``candidates/<pseudonym>.csv`` (every candidate) and
-    ``cases/<pseudonym>.json``; all atomic. Returns their paths (``predictions``, ``cases``)."""
+    """``predictions.csv`` (one row per CT; ``outside_training``: 1 flagged, 0 not, empty when it could not be
+    checked), ``candidates/<pseudonym>.csv`` (every candidate) and ``cases/<pseudonym>.json``; all atomic.
+    Returns their paths (``predictions``, ``cases``)."""
     folder = Path(folder)
     pred = folder / "predictions.csv"
     with atomic_write(pred, "w", newline="") as f:
@@ -82,7 +86,8 @@ def write_outputs(folder: str | os.PathLike, scores: Mapping[str, Any], cases: S
                         f"{att[j]:.6f}" if j >= 0 else "", case["calibrator"], f"{case['confidence']:.6f}",
                         "" if ref["refer"] is None else int(ref["refer"]), f"{unc['entropy']:.6f}",
                         _fmt(unc["mutual_information"]), _fmt(unc["probability_sd"]),
-                        "" if dec is None else int(dec["positive"])])
+                        "" if dec is None else int(dec["positive"]),
+                        _flag(case.get("out_of_distribution"))])
     for i, case in enumerate(cases):
         c, att = scores["candidates"][i], np.asarray(scores["attention"][i])
         with atomic_write(folder / "candidates" / f"{case['pseudonym']}.csv", "w", newline="") as f:
@@ -97,6 +102,10 @@ def write_outputs(folder: str | os.PathLike, scores: Mapping[str, Any], cases: S
 
 def _numpy(x) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _flag(ood: Mapping[str, Any] | None) -> str:
+    return "" if not ood or not any((ood.get("checked") or {}).values()) else str(int(bool(ood["flagged"])))
 
 
 def _fmt(v) -> str:

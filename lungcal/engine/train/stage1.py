@@ -39,7 +39,7 @@ from torch import nn
 from lungcal.calibration.scaling import probabilities
 from lungcal.engine.data.cohort import SPLITS, CTCohort
 from lungcal.engine.evaluate.pictures import check_picture_mode
-from lungcal.engine.evaluate.reports import evaluate_probs, log_split
+from lungcal.engine.evaluate.reports import evaluate_probs, log_site_reference, log_split
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.model.handlers import AtomicCheckpoint, EpochMetricsLogger
 from lungcal.engine.model.predict import check_mc_samples, predict, predict_uncertainty
@@ -269,6 +269,8 @@ class Stage1Run(TrackedStage1):
                   workdir=self.workdir(tracker.run_id), title=self.method,
                   mi=out["test"]["mi"] if self.mc_samples else None)
         tracker.log_report("val", {k: v for k, v in rep_val.items() if "_ci_" not in k})
+        log_site_reference(tracker, out["val"]["logits"], val["labels"], out["val"]["features"],
+                           self.workdir(tracker.run_id))
         tracker.log_model(net, extra={"network_def": self.network_def})
         tracker.log_artifact(self.checkpoint.best_path, "checkpoint")
         return SplitScores(out["val"]["logits"], np.asarray(val["labels"]), out["test"]["logits"],
