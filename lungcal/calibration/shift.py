@@ -38,6 +38,7 @@ training data's central range than chance allows?) with an exact binomial test.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -289,7 +290,10 @@ class EmbeddingRange:
     cross-fitting, each fold's cases measured against a reduction and neighbours fitted on the other folds, as
     a new case is. (Measuring the reference cases against a fit that contains them makes their distances
     smaller than a new case's: measured, 12 % of same-scanner CTs flagged instead of about 1 %.) Beyond the
-    threshold, a case lies where at most (1 - quantile) of held-out reference cases do."""
+    threshold (the conformal ``ceil((n + 1) quantile)``-th smallest held-out distance), an exchangeable new case
+    lands with probability at most 1 - quantile; a reference too small for that level (fewer than
+    ``1 / (1 - quantile) - 1`` cases: 99 at 0.99) gives an infinite threshold, and nothing is flagged. (The plain
+    99th percentile of 41 validation cases flagged 7-10 % of same-scanner CTs.)"""
 
     def __init__(self, reference: np.ndarray, k: int = 5, quantile: float = 0.99, n_components: int = 8,
                  folds: int = 5, seed: int = 0):
@@ -304,7 +308,11 @@ class EmbeddingRange:
         for part in np.array_split(order, folds):
             rest = np.setdiff1d(order, part)
             held.append(self._distance(self._fitted(ref[rest]), ref[part]))
-        self.threshold = float(np.quantile(np.concatenate(held), quantile))
+        # the conformal order statistic: a new exchangeable case exceeds it with probability at most 1 - quantile;
+        # too few reference cases for that level give an infinite threshold (nothing can be flagged)
+        held_out = np.sort(np.concatenate(held))
+        rank = math.ceil((held_out.size + 1) * quantile)
+        self.threshold = float(held_out[rank - 1]) if rank <= held_out.size else math.inf
 
     def _fitted(self, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray, PCA, NearestNeighbors]:
         mean, sd = ref.mean(axis=0), ref.std(axis=0)
