@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,13 +32,21 @@ from lungcal.calibration.scaling import (
 )
 from lungcal.cli import main
 from lungcal.ct.qc import QCCheck, QCReport
-from lungcal.engine.evaluate.calibrators import load_calibrator, site_calibrator
+from lungcal.engine.evaluate import calibrators as calibrators_module
+from lungcal.engine.evaluate.calibrators import (
+    SITE_CHECK_PARAM,
+    SITE_CHECK_RUN_PARAM,
+    load_calibrator,
+    prior_guard,
+    site_calibrator,
+)
 from lungcal.engine.site import recalibrate as recalibrate_module
 from lungcal.engine.site.recalibrate import format_summary, recalibrate
+from lungcal.engine.site.site_check import COMPARABLE, MIN_SITE_CTS, PREVALENCE_SHIFT, SCANNER_SHIFT, SiteCheck
 from lungcal.errors import ConfigError, DataError
 from lungcal.mil.models import build_mil_model
 from lungcal.paths import atomic_write_text
-from lungcal.tracking import RunTracker, linked_calibrator, linked_temperature
+from lungcal.tracking import TAG_FORCED, RunTracker, linked_calibrator, linked_temperature
 
 
 def _overconfident(n, seed, scale, prevalence=0.3):
@@ -96,7 +105,24 @@ def site(tmp_path, monkeypatch):
                 "subjects": [f"p{i}" for i in range(len(y))], "candidates": None}
 
     monkeypatch.setattr(recalibrate_module, "score_rows", fake_score_rows)
-    return {"datalist": dl, "checkpoint": ck, "uri": uri, "parent": parent, "fake": fake, "tmp": tmp_path}
+    # the site check of the label-free routes (tested in test_site_check.py): a verdict, or an error, per test
+    check = {"result": _site_check_result(COMPARABLE), "calls": []}
+
+    def fake_site_check(run, path, **kw):
+        check["calls"].append({"run": run, "path": Path(path), **kw})
+        if isinstance(check["result"], Exception):
+            raise check["result"]
+        return check["result"]
+
+    monkeypatch.setattr(recalibrate_module, "site_check", fake_site_check)
+    return {"datalist": dl, "checkpoint": ck, "uri": uri, "parent": parent, "fake": fake, "tmp": tmp_path,
+            "check": check}
+
+
+def _site_check_result(verdict, reasons=(), run_id="c0ffee0000000000"):
+    return SiteCheck(verdict=verdict, alpha=0.05, n=20, n_reference=200, source_prevalence=0.4, prevalence=0.3,
+                     prevalence_ci=(0.2, 0.4), tests={}, acquisition={}, per_ct=[], reasons=list(reasons),
+                     run_id=run_id)
 
 
 def _cli(site, *extra):
@@ -435,3 +461,107 @@ def test_miss_rate_threshold_is_chosen_on_val_only_and_its_test_numbers_are_the_
     # without --miss-rate nothing is chosen and nothing is logged
     assert recalibrate(site["parent"], site["datalist"], method="platt", tracking_uri=site["uri"], n_bootstrap=0,
                        output_dir=site["tmp"] / "out", log=False).threshold is None
+
+
+# ------------------------------------------------------------ the site check guards the label-free routes
+SHIFT_REASON = "pixel_mm: 18/20 CTs outside the training range [0.6, 0.9] (median 0.45), p = 1e-20 < 0.00714"
+
+
+@pytest.mark.parametrize("route", [("--prevalence", "0.2"), ("--unlabelled", "UNL")])
+def test_a_scanner_shift_refuses_the_label_free_routes_in_one_line_naming_the_valid_routes(site, capsys, tmp_path,
+                                                                                           route):
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    unl = tmp_path / "unl.json"
+    unl.write_text(json.dumps({"rows": [{"image": "ct0.nii.gz"}]}))
+    site["check"]["result"] = _site_check_result(SCANNER_SHIFT, [SHIFT_REASON])
+    capsys.readouterr()
+    assert _cli(site, *[str(unl) if x == "UNL" else x for x in route], "--n-bootstrap", "0") == 2
+    captured = capsys.readouterr().err
+    err = [line for line in captured.splitlines() if line.startswith("lungcal")]  # not MLflow's progress bars
+    assert len(err) == 1 and err[0].startswith("lungcal recalibrate: error: ") and "Traceback" not in captured, err
+    line = err[0]
+    assert f"{route[0]} refused: site check verdict scanner_shift ({SHIFT_REASON})" in line
+    assert (f"recalibrate on the site's labels: lungcal recalibrate --model {site['parent']} --datalist "
+            f"{site['datalist']}") in line and "fine-tune on the site's labels" in line
+    assert "--force" in line and "c0ffee0000000000" in line
+    _no_run_left(site)
+    # the check ran, logged, on the datalist's val and test rows
+    (call,) = site["check"]["calls"]
+    assert call["run"] == site["parent"] and call["log"] is True and call["tracking_uri"] == site["uri"]
+    checked = json.loads(call["path"].read_text())
+    assert sorted({r["split"] for r in checked["rows"]}) == ["test", "val"] and len(checked["rows"]) == 20
+    assert checked["source"] == "site:site-b"
+
+
+def test_force_runs_past_a_scanner_shift_tags_the_run_and_predict_warns(site, capsys):
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    site["check"]["result"] = _site_check_result(SCANNER_SHIFT, [SHIFT_REASON])
+    assert _cli(site, "--method", "prior", "--prevalence", "0.2", "--n-bootstrap", "0", "--force") == 0
+    out = capsys.readouterr().out
+    assert "WARNING --force: site check verdict scanner_shift" in out and "FORCED past scanner_shift" in out
+    client, (run,) = _site_runs(site)
+    assert run.data.tags[TAG_FORCED] == SCANNER_SHIFT
+    assert run.data.params[SITE_CHECK_PARAM] == SCANNER_SHIFT
+    assert run.data.params[SITE_CHECK_RUN_PARAM] == "c0ffee0000000000"
+    stored = site_calibrator(site["uri"], client.get_run(site["parent"]), "site-b")
+    assert isinstance(stored, PriorAdjusted)
+    warning = prior_guard(stored, run, "site-b")  # what predict --site prints on every run
+    assert warning is not None and "was forced" in warning and "scanner_shift" in warning
+
+
+@pytest.mark.parametrize("verdict", [COMPARABLE, PREVALENCE_SHIFT])
+def test_a_comparable_or_prevalence_shifted_site_goes_on_and_the_run_records_the_check(site, capsys, verdict):
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    site["check"]["result"] = _site_check_result(verdict)
+    assert _cli(site, "--method", "prior", "--prevalence", "0.2", "--n-bootstrap", "0") == 0
+    assert f"site check    {verdict} (run c0ffee0000000000)" in capsys.readouterr().out
+    _, (run,) = _site_runs(site)
+    assert run.data.params[SITE_CHECK_PARAM] == verdict and TAG_FORCED not in run.data.tags
+    assert prior_guard(site_calibrator(site["uri"], MlflowClient(site["uri"]).get_run(site["parent"]), "site-b"),
+                       run, "site-b") is None
+
+
+def test_too_few_cts_for_a_check_refuses_unless_forced(site, capsys):
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    site["check"]["result"] = DataError(f"12 CTs are too few to tell a site's data from the model's: a site check "
+                                        f"needs at least {MIN_SITE_CTS}", file=site["tmp"] / "x.json")
+    capsys.readouterr()
+    assert _cli(site, "--prevalence", "0.2", "--n-bootstrap", "0") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lungcal")]
+    assert len(err) == 1 and "--prevalence needs a site check first, and it could not run: 12 CTs" in err[0]
+    assert f"at least {MIN_SITE_CTS}" in err[0] and "--force" in err[0] and "x.json" not in err[0]
+    _no_run_left(site)
+    assert _cli(site, "--prevalence", "0.2", "--n-bootstrap", "0", "--force") == 0
+    assert "WARNING --force: --prevalence runs without a site check" in capsys.readouterr().out
+    run = _site_runs(site)[1][0]
+    assert run.data.tags[TAG_FORCED] == "unchecked" and run.data.params[SITE_CHECK_RUN_PARAM] == "none"
+
+
+def test_a_labelled_only_recalibration_runs_no_site_check(site, capsys):
+    site["check"]["result"] = _site_check_result(SCANNER_SHIFT, [SHIFT_REASON])  # would refuse, were it asked
+    assert _cli(site, "--method", "ts", "--n-bootstrap", "0") == 0
+    assert site["check"]["calls"] == [] and "site check" not in capsys.readouterr().out
+    run = _site_runs(site)[1][0]
+    assert SITE_CHECK_PARAM not in run.data.params and TAG_FORCED not in run.data.tags
+
+
+def _recal_run(params=None, tags=None):
+    """A stand-in for the MLflow run of a site recalibration (what prior_guard reads)."""
+    return SimpleNamespace(info=SimpleNamespace(run_id="r1"), data=SimpleNamespace(params=params or {},
+                                                                                   tags=tags or {}))
+
+
+def test_prior_guard_decides_from_what_the_recalibration_run_recorded():
+    prior, ts = PriorAdjusted(None, 0.4, 0.2), TemperatureScaler()
+    assert calibrators_module._SCANNER_SHIFT == SCANNER_SHIFT  # the layer below keeps its own copy
+    shifted = _recal_run({SITE_CHECK_PARAM: SCANNER_SHIFT, SITE_CHECK_RUN_PARAM: "chk"})
+    with pytest.raises(ConfigError, match="its site check \\(run chk\\) found scanner_shift") as err:
+        prior_guard(prior, shifted, "site-b")
+    assert err.value.field == "--site" and "recalibrate on the site's labels" in str(err.value)
+    assert prior_guard(ts, shifted, "site-b") is None  # fitted on labels: valid under any shift
+    forced = _recal_run({SITE_CHECK_PARAM: SCANNER_SHIFT, SITE_CHECK_RUN_PARAM: "chk"}, {TAG_FORCED: SCANNER_SHIFT})
+    assert "WARNING" in prior_guard(prior, forced, "site-b")
+    unchecked = _recal_run({SITE_CHECK_PARAM: "unchecked", SITE_CHECK_RUN_PARAM: "none"}, {TAG_FORCED: "unchecked"})
+    assert "its site check could not run" in prior_guard(prior, unchecked, "site-b")
+    assert prior_guard(prior, _recal_run({SITE_CHECK_PARAM: COMPARABLE}), "site-b") is None
+    assert "predates site checks" in prior_guard(prior, _recal_run(), "site-b")

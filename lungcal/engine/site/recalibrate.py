@@ -32,6 +32,26 @@ chosen on the val split's probabilities of the chosen calibrator, whose missed-c
 ALPHA with probability 1 - delta (:mod:`lungcal.engine.site.threshold`): ``val/threshold_missrate``, the
 positive rate on val and test, the test sensitivity with its CI, and ``guarantee.json``, which
 ``predict --site`` applies and states per CT. A val split with too few cancers is refused first.
+
+**The site check guards the label-free routes.** A prior adjustment (``--prevalence``, ``--unlabelled``)
+assumes that only the prevalence changed. Before either is fitted, ``lungcal site-check``
+(:func:`lungcal.engine.site.site_check.site_check`, logged as its own MLflow run) is run on the datalist's
+``val`` and ``test`` rows: the CTs the adjustment is evaluated on, drawn from the population it will be
+applied to (the train split is not used by a recalibration; unlabelled CTs are not checked separately).
+Its verdict and run are recorded on the recalibration run (params ``site_check``, ``site_check_run``),
+which is what ``predict --site`` reads (:func:`lungcal.engine.evaluate.calibrators.prior_guard`).
+
+- ``scanner_shift``: refused (ConfigError, exit code 2) in one line naming the verdict, its first reason and
+  the routes that are valid (labelled recalibration, fine-tuning), unless ``force``: then the run goes on,
+  prints a warning and is tagged ``lungcal.forced_past_site_check = scanner_shift``;
+- the check cannot run (fewer than :data:`~lungcal.engine.site.site_check.MIN_SITE_CTS` val and test CTs
+  pass the series checks, a stage-1 run that logged no site reference, a checkpoint instead of a run):
+  refused the same way, since "not checked" must not read as "comparable"; with ``force`` the run is
+  tagged ``unchecked``;
+- ``comparable`` / ``prevalence_shift``: goes on.
+
+A labelled-only recalibration (no ``--prevalence``/``--unlabelled``) runs no check: the site's labels make
+it valid under any shift.
 """
 from __future__ import annotations
 
@@ -58,14 +78,15 @@ from lungcal.calibration.scaling import (
 from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.candidates.cache import BagParams, masker_from_config
 from lungcal.ct.qc import QCConfig
-from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
+from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split, save_manifest
 from lungcal.engine.data.series_qc import keep_passing, screen
 from lungcal.engine.data.unlabelled import unlabelled_rows
-from lungcal.engine.evaluate.calibrators import reference_calibrator
+from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, UNCHECKED, reference_calibrator
 from lungcal.engine.evaluate.reports import evaluate_probs, log_split
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.site.recalibrate_summary import format_summary
+from lungcal.engine.site.site_check import MIN_SITE_CTS, ROUTES, SCANNER_SHIFT, site_check
 from lungcal.engine.site.threshold import SiteThreshold, check_cancers, check_levels, site_threshold
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
@@ -75,6 +96,7 @@ from lungcal.tracking import (
     TAG_CALIBRATOR,
     TAG_DATASET,
     TAG_FIT_WARNING,
+    TAG_FORCED,
     TAG_RECALIBRATION,
     TAG_SITE,
     TAG_STAGE1,
@@ -215,6 +237,57 @@ class Recalibration:
     run_id: str | None = None
     #: the guaranteed decision threshold (``--miss-rate``), fitted on val, with its test numbers
     threshold: SiteThreshold | None = None
+    #: the site check of a label-free route (:func:`guard_label_free`): ``verdict`` (or ``unchecked``),
+    #: ``run`` (its MLflow run id or None), ``forced`` (the overridden verdict, or None); None without one
+    site_check: dict[str, Any] | None = None
+
+
+def _valid_routes(model: str, datalist: Path) -> str:
+    """The routes a ``scanner_shift`` verdict leaves, as one clause."""
+    return "; ".join(r.format(run=model, site=datalist) for r, _ in ROUTES[SCANNER_SHIFT]
+                     if not r.startswith("not valid"))
+
+
+def guard_label_free(model: str, datalist: Path, rows: list[dict], *, force: bool, route: str, tracking_uri: str,
+                     out_dir: Path, qc: QCConfig | None, num_workers: int) -> dict[str, Any]:
+    """Run the site check on ``rows`` (the datalist's val and test rows) before a label-free route (module doc).
+
+    Returns ``{"verdict", "run", "forced"}``; raises ConfigError (exit code 2) on ``scanner_shift`` or when
+    no check can run, unless ``force``.
+    """
+    source = manifest_source(datalist)
+    # the rows to check, as a datalist of their own (local, beside the caches; never logged)
+    subset = save_manifest(rows, out_dir / "recalibration" / "site_check" / f"{datalist.stem}-val-test.json",
+                           source=source)
+    try:
+        res = site_check(model, subset, tracking_uri=tracking_uri, output_dir=out_dir, qc=qc or DEFAULT_QC,
+                         num_workers=num_workers, log=True)
+    except (DataError, ConfigError) as exc:
+        if not force:
+            raise ConfigError(f"{route} needs a site check first, and it could not run: {exc.message.rstrip('.')}; "
+                              "a prior adjustment is valid only where the images did not change, which only a site "
+                              "check can show", field=route,
+                              fix=f"give the val and test splits at least {MIN_SITE_CTS} CTs that pass the series "
+                                  f"checks, or recalibrate on the site's labels (drop {route}), or add --force to "
+                                  f"run it unchecked (the run is then tagged {TAG_FORCED}={UNCHECKED})") from None
+        print(f"  WARNING --force: {route} runs without a site check ({exc.message.rstrip('.')}); the run is tagged "
+              f"{TAG_FORCED}={UNCHECKED}", flush=True)
+        return {"verdict": UNCHECKED, "run": None, "forced": UNCHECKED}
+    reason = res.reasons[0] if res.reasons else "see the site check's run"
+    if res.verdict == SCANNER_SHIFT:
+        if not force:
+            raise ConfigError(f"{route} refused: site check verdict {SCANNER_SHIFT} ({reason}); a prior adjustment "
+                              "assumes the images did not change. Valid routes: "
+                              f"{_valid_routes(res.model or model, datalist)}", field=route,
+                              fix=f"take one of those routes (the check is MLflow run {res.run_id}), or add --force "
+                                  f"to run it anyway (the run is then tagged {TAG_FORCED}={SCANNER_SHIFT})")
+        print(f"  WARNING --force: site check verdict {SCANNER_SHIFT} ({reason}) overridden: {route} is not valid "
+              f"under a scanner change; the run is tagged {TAG_FORCED}={SCANNER_SHIFT} (check: run {res.run_id})",
+              flush=True)
+        return {"verdict": res.verdict, "run": res.run_id, "forced": SCANNER_SHIFT}
+    print(f"  site check    {res.verdict} on {res.n} val and test CTs (run {res.run_id}): {route} is valid here",
+          flush=True)
+    return {"verdict": res.verdict, "run": res.run_id, "forced": None}
 
 
 def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", prevalence: float | str | None = None,
@@ -222,7 +295,8 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
                 site: str | None = None, experiment: str = CT_EXPERIMENT, n_bins: int = 10, n_bootstrap: int = 1000,
                 seed: int = 0, tracking_uri: str | None = None, output_dir: str | Path | None = None,
                 num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True,
-                miss_rate: float | str | None = None, confidence: float | str | None = None) -> Recalibration:
+                miss_rate: float | str | None = None, confidence: float | str | None = None,
+                force: bool = False) -> Recalibration:
     """Fit recalibrators on a site's validation split and evaluate each on its test split.
 
     Args:
@@ -244,6 +318,8 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
             the val split's probabilities of the chosen calibrator (:mod:`lungcal.engine.site.threshold`).
         confidence: the probability (1 - delta) that the guarantee holds over the val draw (default 0.9;
             only with ``miss_rate``).
+        force: go on with ``prevalence`` / ``unlabelled`` although the site check found ``scanner_shift`` or
+            could not run (module doc); the run is tagged ``lungcal.forced_past_site_check``.
 
     Returns:
         a :class:`Recalibration` (``run_id`` set when ``log``).
@@ -274,8 +350,12 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     net, run, bag_params = stage1.network, stage1.run, stage1.bag_params
     ref_run = linked_calibrator_run(uri, run) if run is not None else None
     source = None
+    checked = None
     if prevalence is not None or unl_rows is not None:
         source = _source_prior(uri, stage1, ref_run, source_prevalence)
+        route = "--prevalence" if prevalence is not None else "--unlabelled"
+        checked = guard_label_free(str(model), datalist, val_rows + test_rows, force=force, route=route,
+                                   tracking_uri=uri, out_dir=out_dir, qc=qc, num_workers=num_workers)
     ref_cal = reference_calibrator(uri, run) if run is not None else None
     ref_name = getattr(ref_cal, "name", None)
     site = site or site_from_rows
@@ -347,7 +427,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         reference=rows.get(shipped_key) if shipped_key != "uncalibrated" else None, after=rows[chosen_row],
         temperature=temp, reference_temperature=ref_temp, parent_run=parent, stage1=stage1_name, site=site,
         n_val=len(val_rows), n_test=len(test_rows), tracking_uri=uri,
-        qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold)
+        qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold, site_check=checked)
     if not log:
         return result
     _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap)
@@ -364,6 +444,8 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
     flags = res.warnings.get(chosen, [])
     if flags:
         tags[TAG_FIT_WARNING] = "; ".join(flags)
+    if res.site_check is not None and res.site_check["forced"]:
+        tags[TAG_FORCED] = res.site_check["forced"]
     name = f"{stage1_name}+{cal.name}@{site}-{time.strftime('%Y%m%d-%H%M%S')}"
     with RunTracker(experiment, name, tracking_uri=res.tracking_uri, tags=tags, parent_run_id=parent) as tr:
         params = {"stage2": cal.name, "method": res.method, "chosen": chosen, "fit_split": "val",
@@ -377,6 +459,9 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
         if res.threshold is not None:
             g = res.threshold.guarantee
             params.update(miss_rate=g.alpha, confidence=1 - g.delta, threshold_method=g.method)
+        if res.site_check is not None:  # what predict --site reads before applying a prior adjustment
+            params[SITE_CHECK_PARAM] = res.site_check["verdict"]
+            params[SITE_CHECK_RUN_PARAM] = res.site_check["run"] or "none"
         tr.log_params(params)
         tr.log_dict({**params, "cv_nll": res.cv_nll, "warnings": res.warnings}, "config/resolved.json")
         metrics = {k: v for k, v in res.priors.items() if isinstance(v, (int, float))}

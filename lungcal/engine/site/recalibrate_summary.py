@@ -59,6 +59,11 @@ def format_summary(res: Recalibration) -> str:
                      + (f"; site {pri['site_prior']:.3f} (given)" if "site_prior" in pri else "")
                      + (f"; EM on {pri['n_unlabelled']} unlabelled CTs {pri['em_prior']:.3f}" if "em_prior" in pri
                         else ""))
+    chk = res.site_check
+    if chk is not None:
+        lines.append(f"  site check    {chk['verdict']}" + (f" (run {chk['run']})" if chk["run"] else "")
+                     + (f"; FORCED past {chk['forced']}: the prior-adjusted rows are not valid if the scanners "
+                        "changed" if chk["forced"] else ""))
     head = f"  {'':<22}" + "".join(f"{name:<25}" for _, name in _COLS) + "p(calibrated)"
     lines.append(head)
     chosen = res.chosen_row
