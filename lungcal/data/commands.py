@@ -47,7 +47,8 @@ def _cmd_synth(args) -> int:
     scanner = ScannerProfile(site=args.site, noise_hu=noise, kernel_sigma_mm=kernel, hu_offset=args.hu_offset)
     path = make_cohort(args.out, n_subjects=args.n, prevalence=args.prevalence, seed=args.seed, shape=shape,
                        spacing=_floats(spacing, 3, "spacing"), formats=tuple(args.formats.split(",")),
-                       scanner=scanner, scanner_mix=args.scanner_mix or None, splits=_floats(args.splits, 3, "splits"),
+                       scanner=scanner, scanner_mix=args.scanner_mix or None,
+                       nodule_types=args.nodule_types, masses=args.masses, splits=_floats(args.splits, 3, "splits"),
                        num_workers=args.workers)
     print(f"wrote {path}")
     return 0
@@ -118,6 +119,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="each CT draws its slice thickness, pixel size, kernel and noise from this mix of named "
                         "scanner profiles (four_vendors; lungcal/data/synthetic/scanners.py); default: one scanner")
     p.add_argument("--hu-offset", type=float, default=0.0, help="HU calibration offset")
+    p.add_argument("--nodule-types", default="classic", metavar="MIX",
+                   help="classic (default: the nodule model as it was), screening (solid, part-solid and ground-glass "
+                        "nodules at screening frequencies) or even (a third each); "
+                        "lungcal/data/synthetic/nodule_types.py, docs/phantoms.md")
+    p.add_argument("--masses", type=float, default=0.0, metavar="P",
+                   help="probability that a cancer is a 3-6 cm mass against the mediastinum or pleura (default 0)")
     p.add_argument("--splits", default="0.6,0.2,0.2", help="train,val,test fractions")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all CPUs)")
     p.set_defaults(func=_cmd_synth)

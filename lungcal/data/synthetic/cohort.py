@@ -49,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +61,8 @@ from lungcal.paths import atomic_write, atomic_write_text, lungcal_home
 
 from ..manifest import load_manifest, save_manifest
 from ..splits import SPLITS, apply_splits, pseudonym
-from .nodules import NODULE_MODEL, bayes_posterior, sample_nodule_features
+from .nodule_types import draw_mass, draw_types, nodule_type_of, resolve_type_mix, typed_bayes_posterior
+from .nodules import ATTENUATIONS, NODULE_MODEL, bayes_posterior, sample_nodule_features
 from .phantom import ScannerProfile, lung_masks, make_phantom, place_nodules, sample_anatomy
 from .scanners import Acquisition, ScannerMix, ct_grid, draw_acquisition, mix_summary, pinned_acquisition, resolve_mix
 from .writers import fake_identifiers, write_dicom_series, write_nifti
@@ -117,6 +118,8 @@ def make_cohort(
     *,
     scanner: ScannerProfile | dict | None = None,
     scanner_mix: str | ScannerMix | None = None,
+    nodule_types: str = "classic",
+    masses: float = 0.0,
     splits: Sequence[float] = (0.6, 0.2, 0.2),
     image_format: str | None = None,
     salt: str | None = None,
@@ -139,6 +142,12 @@ def make_cohort(
         scanner_mix: None (every CT from ``scanner`` at ``spacing``), or a mix (a name in
             :data:`~.scanners.SCANNER_MIXES` or a :class:`~.scanners.ScannerMix`) each CT draws
             its acquisition from.
+        nodule_types: ``"classic"`` (the nodule model as it always was: solid, calcified and
+            -480 HU part-solid nodules), or a typed mix of solid, part-solid and ground-glass
+            nodules (``"screening"``, ``"even"``; :mod:`.nodule_types`). A typed cohort holds
+            the classic cohort's patients and nodules (sizes, margins, places), paired CT for CT.
+        masses: the probability that a positive CT's malignant nodule is a 3-6 cm mass against the
+            mediastinum or the pleura (:mod:`.nodule_types`); 0 (default): none.
         splits: train/val/test fractions (patient-level, stratified, seeded).
         image_format: which format the datalist points to (default: the first of ``formats``).
         salt: pseudonym salt (default ``"synthetic-<seed>"`` so a cohort is reproducible).
@@ -148,6 +157,10 @@ def make_cohort(
     formats = tuple(formats)
     image_format = image_format or (formats[0] if formats else None)
     _check_parameters(n_subjects, prevalence, shape, spacing, formats, image_format)
+    nodule_types = resolve_type_mix(nodule_types)
+    if not 0.0 <= float(masses) <= 1.0:
+        raise ConfigError(f"masses must be a probability in [0, 1], got {masses}", field="masses",
+                          fix="e.g. 0.3 (30 % of the cancers are 3-6 cm masses), or 0 for none")
     scanner = ScannerProfile(**scanner) if isinstance(scanner, dict) else (scanner or ScannerProfile())
     mix = resolve_mix(scanner_mix)
     out = Path(out_dir).absolute()
@@ -155,7 +168,9 @@ def make_cohort(
     salt = salt if salt is not None else f"synthetic-{seed}"
     tasks = [{"seed": int(seed), "index": i, "shape": tuple(int(s) for s in shape),
               "spacing": tuple(float(s) for s in spacing), "prevalence": float(prevalence),
-              "scanner": asdict(scanner), "mix": mix, "formats": formats, "out_dir": str(out), "salt": salt}
+              "scanner": asdict(scanner), "mix": mix,
+              "nodule_types": nodule_types, "masses": float(masses), "formats": formats,
+              "out_dir": str(out), "salt": salt}
              for i in range(n_subjects)]
     workers = num_workers if num_workers is not None else (os.cpu_count() or 1)
     t0 = time.perf_counter()
@@ -186,6 +201,8 @@ def make_cohort(
               "spacing": list(spacing), "formats": list(formats), "scanner": asdict(scanner),
               "scanner_mix": None if mix is None else mix_summary(mix),
               "splits": list(splits), "image_format": image_format}
+    if nodule_types != "classic" or masses:  # named only when set: cohorts made before read the same
+        params.update(nodule_types=nodule_types, masses=float(masses))
     atomic_write_text(out / "cohort.json", json.dumps({**params, "nodule_model": NODULE_MODEL, "bayes_auc": auc,
                                                        "generation_seconds": round(elapsed, 2)}, indent=1))
     log.info("synthetic cohort: %d CTs in %.1f s -> %s (Bayes-reader AUC %s)", n_subjects, elapsed, out, auc)
@@ -315,6 +332,7 @@ def _make_one(task: dict) -> dict:
     origin = -(np.asarray(shape) - 1) / 2 * np.asarray(spacing, np.float32)
     lung_mask, _ = lung_masks(tuple(shape), np.asarray(spacing, np.float32), origin, anat)
     nodules = place_nodules(rng, lung_mask[0] | lung_mask[1], spacing, origin, feats)
+    types, has_mass = _type_nodules(task, nodules, feats, anat, lung_mask, origin)
     if task["mix"] is not None:  # the same patient on this CT's own scanner and grid (same field of view)
         shape, spacing = ct_grid(acq, np.asarray(shape) * np.asarray(spacing))
         scanner = acq.scanner(scanner.site)
@@ -331,9 +349,40 @@ def _make_one(task: dict) -> dict:
     if "nifti" in task["formats"]:
         write_nifti(hu, origin, spacing, out / "nifti" / f"{ct}.nii.gz")
         images["nifti"] = f"nifti/{ct}.nii.gz"
-    p = bayes_posterior([f[0] for f in feats], [f[1] for f in feats], [f[2] for f in feats], prevalence)
+    if types is None and not has_mass:
+        p = bayes_posterior([f[0] for f in feats], [f[1] for f in feats], [f[2] for f in feats], prevalence)
+    else:
+        p = typed_bayes_posterior([f[0] for f in feats], [f[1] for f in feats], [f[2] for f in feats], types,
+                                  task["nodule_types"], prevalence, has_mass)
     return {"subject": subject, "ct": ct, "label": label, "images": images, "ids": ids, "bayes_p": p,
             "nodules": [asdict(n) for n in nodules], "acquisition": acq.row()}
+
+
+def _type_nodules(task: dict, nodules: list, feats: list, anat: dict, lungs: tuple,
+                  origin: np.ndarray) -> tuple[list[dict] | None, bool]:
+    """Re-type the placed nodules in place (a typed mix) and turn the malignant one into a mass (with
+    probability ``masses``), each from its own generator, so nothing else of the CT changes.
+
+    Returns the drawn types (None for the classic model) and whether the CT has a mass.
+    """
+    seed, i = task["seed"], task["index"]
+    types = None
+    if task.get("nodule_types", "classic") != "classic":
+        types = draw_types(np.random.default_rng([seed, i, 10]), task["nodule_types"], [f[3] for f in feats])
+        for j, (n, t) in enumerate(zip(nodules, types)):
+            calcified = ATTENUATIONS[int(feats[j][2])] == "calcified"
+            att = ("calcified" if calcified else "solid") if t["type"] == "solid" else t["type"]
+            nodules[j] = replace(n, attenuation=att, nodule_type=t["type"], gg_hu=t["gg_hu"], core_frac=t["core_frac"])
+    has_mass = False
+    if task.get("masses", 0.0) > 0 and any(f[3] for f in feats):
+        mrng = np.random.default_rng([seed, i, 11])
+        if mrng.random() < task["masses"]:
+            j = next(k for k, f in enumerate(feats) if f[3])
+            centre, d, contact = draw_mass(mrng, anat, lungs, task["spacing"], origin)
+            nodules[j] = replace(nodules[j], center_lps=centre, diameter_mm=d, margin="lobulated", attenuation="solid",
+                                 nodule_type="solid", gg_hu=None, core_frac=None, contact=contact)
+            has_mass = True
+    return types, has_mass
 
 
 def _acquisition(task: dict, scanner: ScannerProfile) -> Acquisition:
@@ -347,13 +396,23 @@ def _write_annotations(path: Path, results: list[dict]) -> None:
     with atomic_write(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["seriesuid", "coordX", "coordY", "coordZ", "diameter_mm", "malignant", "margin", "attenuation",
-                    "subject", "ct", "rasX", "rasY", "rasZ"])
+                    "subject", "ct", "rasX", "rasY", "rasZ", "nodule_type", "core_frac", "gg_hu", "contact"])
         for r in results:
             for n in r["nodules"]:
                 c = n["center_lps"]
                 w.writerow([r["ids"]["SeriesInstanceUID"], f"{c[0]:.3f}", f"{c[1]:.3f}", f"{c[2]:.3f}",
                             f"{n['diameter_mm']:.3f}", int(n["malignant"]), n["margin"], n["attenuation"],
-                            r["subject"], r["ct"], f"{-c[0]:.3f}", f"{-c[1]:.3f}", f"{c[2]:.3f}"])
+                            r["subject"], r["ct"], f"{-c[0]:.3f}", f"{-c[1]:.3f}", f"{c[2]:.3f}", *_type_columns(n)])
+
+
+def _type_columns(n: dict) -> list[str]:
+    """``nodule_type, core_frac, gg_hu, contact`` of an annotation row; a classic nodule's from its
+    attenuation (a classic part-solid nodule: core 0.5 of the diameter in -480 HU ground glass)."""
+    kind = n.get("nodule_type") or nodule_type_of(n["attenuation"])
+    core, gg = n.get("core_frac"), n.get("gg_hu")
+    if n.get("nodule_type") is None and kind == "part-solid":
+        core, gg = 0.5, -480.0
+    return [kind, "" if core is None else f"{core:.3f}", "" if gg is None else f"{gg:.1f}", n.get("contact") or ""]
 
 
 def _write_truth(path: Path, results: list[dict]) -> None:

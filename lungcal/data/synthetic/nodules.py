@@ -113,10 +113,19 @@ def _diameter_pdf(d: np.ndarray, median: float, sigma: float) -> np.ndarray:
 
 @dataclass
 class Nodule:
-    """One planted nodule (centre in LPS world mm)."""
+    """One planted nodule (centre in LPS world mm).
+
+    ``nodule_type``, ``gg_hu``, ``core_frac`` and ``contact`` are set by a nodule-type mix or a mass
+    (:mod:`.nodule_types`); the classic model leaves them None (its nodules render as they always
+    did) and its type follows from ``attenuation``.
+    """
 
     center_lps: tuple[float, float, float]
     diameter_mm: float
     malignant: bool
     margin: str
     attenuation: str
+    nodule_type: str | None = None  #: solid, part-solid or ground-glass
+    gg_hu: float | None = None  #: ground-glass density (HU) of a subsolid nodule of a typed mix
+    core_frac: float | None = None  #: solid core diameter / diameter (0: pure ground glass)
+    contact: str | None = None  #: a mass's contact: mediastinum or pleura

@@ -254,15 +254,22 @@ def _render_nodule(vol, nod: Nodule, rng, spacing, origin):
     vox = float(spacing.min())
     alpha = np.clip(0.5 - (r - radius) / vox, 0, 1)
     sub = vol[sl]
-    if nod.attenuation == "part-solid":
-        core = np.clip(0.5 - (r - 0.5 * radius) / vox, 0, 1)
-        target = -480 + core * (520)  # ground glass (-480 HU) around a solid core (+40)
-    elif nod.attenuation == "calcified":
-        core = np.clip(0.5 - (r - 0.6 * radius) / vox, 0, 1)
-        target = 40 + core * 560  # dense central calcification (+600 HU)
+    if nod.gg_hu is not None:  # typed subsolid: ground glass over the parenchyma (vessels stay), a solid core
+        gg = np.float32(nod.gg_hu)
+        glass = np.full(r.shape, gg, np.float32)
+        if nod.core_frac:  # part-solid: a solid core (+40 HU) of core_frac x the diameter
+            glass += np.clip(0.5 - (r - np.float32(nod.core_frac) * radius) / vox, 0, 1) * (40 - gg)
+        sub += alpha * np.maximum(glass - sub, 0)
     else:
-        target = np.float32(35)
-    sub += alpha * (target - sub)
+        if nod.attenuation == "part-solid":
+            core = np.clip(0.5 - (r - 0.5 * radius) / vox, 0, 1)
+            target = -480 + core * (520)  # ground glass (-480 HU) around a solid core (+40)
+        elif nod.attenuation == "calcified":
+            core = np.clip(0.5 - (r - 0.6 * radius) / vox, 0, 1)
+            target = 40 + core * 560  # dense central calcification (+600 HU)
+        else:
+            target = np.float32(35)
+        sub += alpha * (target - sub)
     if nod.margin == "spiculated":  # thin radiating spicules
         for _ in range(int(rng.integers(6, 11))):
             v = rng.standard_normal(3)
