@@ -14,7 +14,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``recalibrate``, ``site-check`` and ``build-bags`` to the ``lungcal`` parser."""
+    """Add ``recalibrate``, ``site-check``, ``adapt-curve`` and ``build-bags`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -83,6 +83,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
     c.add_argument("--num-workers", type=int, default=0, help="parallel workers for the series checks and bags")
     c.set_defaults(func=_site_check)
+
+    a = subparsers.add_parser(
+        "adapt-curve", help="how many labelled site CTs for which route? (recalibrate, fine-tune, from scratch)",
+        description="On a labelled site datalist (train/val/test), draw nested stratified sets of N labelled CTs "
+        "from train+val and score on the fixed test split: the model as shipped, recalibrated on the N CTs, "
+        "fine-tuned on them (--init_run_id), and trained from scratch on them; test AUC, ECE, slope, intercept, "
+        "O/E with 95%% CIs and the paired differences against the shipped model. Logged as one MLflow run "
+        "(tag lungcal.adaptation) with the curve's plot; each training route is its own stage-1 run.")
+    a.add_argument("datalist", metavar="DATALIST", help="the site's labelled datalist (train, val and test splits)")
+    a.add_argument("--run", required=True, metavar="ID", help="the shipped model's stage-1 MLflow run id")
+    a.add_argument("--sizes", default="50,100,200,400", help="numbers of labelled site CTs (default 50,100,200,400)")
+    a.add_argument("--routes", default="shipped,recalibrate,finetune,scratch",
+                   help="which routes (default all four; shipped is always scored)")
+    a.add_argument("--bundle", default="bundles/nlst_focal.json", help="the stage-1 bundle the training routes run")
+    a.add_argument("--epochs", type=int, default=None, help="epochs of the training routes (default: the bundle's)")
+    a.add_argument("--override", action="append", metavar="KEY=JSON", default=[],
+                   help="a bundle key for the training routes, e.g. --override 'patch_size=8' (repeatable)")
+    a.add_argument("--json", default=None, metavar="PATH", help="also write the curve as JSON here")
+    a.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+    a.add_argument("--seed", type=int, default=0, help="seed of the draws and the bootstrap")
+    a.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    a.add_argument("--output-dir", default=None, help="output folder (default: ./runs or $LUNGCAL_HOME)")
+    a.add_argument("--num-workers", type=int, default=0, help="parallel workers for bag building")
+    a.set_defaults(func=_adapt_curve)
 
     b = subparsers.add_parser(
         "build-bags", help="build the bag cache ahead of training (local processes or a Dask cluster)",
@@ -159,6 +183,40 @@ def _site_check(args: argparse.Namespace) -> int:
                      json_path=args.json, alpha=args.alpha, site=args.site, reference=args.reference,
                      qc=qc_config(args), num_workers=args.num_workers, n_resamples=args.permutations, seed=args.seed)
     print(format_report(res))
+    return 0
+
+
+def _overrides(items: list[str]) -> dict:
+    import json
+
+    from lungcal.errors import ConfigError
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"bad --override {item!r}", field="--override", fix="use KEY=VALUE, e.g. patch_size=8")
+        try:
+            out[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key.strip()] = text
+    return out
+
+
+def _adapt_curve(args: argparse.Namespace) -> int:
+    from lungcal.engine.site.adaptation import adaptation_curve, format_curve
+    from lungcal.errors import ConfigError
+
+    try:
+        sizes = [int(x) for x in str(args.sizes).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"bad --sizes {args.sizes!r}", field="--sizes", fix="e.g. --sizes 50,100,200,400") from None
+    routes = [x.strip() for x in str(args.routes).split(",") if x.strip()]
+    curve = adaptation_curve(args.run, args.datalist, sizes=sizes, routes=routes, bundle=args.bundle,
+                             overrides=_overrides(args.override), epochs=args.epochs, tracking_uri=args.tracking_uri,
+                             output_dir=args.output_dir, n_bootstrap=args.n_bootstrap, seed=args.seed,
+                             num_workers=args.num_workers, json_path=args.json)
+    print(format_curve(curve))
     return 0
 
 
