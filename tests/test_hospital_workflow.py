@@ -7,8 +7,9 @@ anisotropic 1.8 x 1.8 x 3.0 mm voxels, a softer kernel and twice the noise. A st
 trained on A with the real bundle as shipped (``bundles/nlst_focal.json`` + ``nlst_ce.json``, ``--datalist A``; only the
 run length, the bootstrap size and the workers are set), which also fits A's *reference*
 temperature on A's validation split. ``lungcal recalibrate --model <run> --datalist B
---prevalence 0.11 --unlabelled <B's val CTs without labels>`` then scores B's test split with the
-model as shipped and with every recalibrator, fitted on B's validation split only.
+--prevalence 0.11 --unlabelled <B's val CTs without labels> --force`` then scores B's test split with the
+model as shipped and with every recalibrator, fitted on B's validation split only (``--force``: the site
+check that guards the label-free rows would refuse them on B's scanner; they are measured here regardless).
 
 It must show (issue 14): the model as shipped is miscalibrated on B (consistency p-value of its
 ECE < 0.05: ECE is biased upwards on small splits, so it is not compared with A's); the ``auto``
@@ -131,7 +132,10 @@ def test_two_site_recalibration(tmp_path, capsys):
     capsys.readouterr()
     rc = main(["recalibrate", "--model", s1.info.run_id, "--datalist", str(b), "--tracking-uri", uri,
                "--output-dir", str(out), "--n-bootstrap", "1000", "--num-workers", "2",
-               "--prevalence", str(SITE_B["prevalence"]), "--unlabelled", str(unlabelled)])
+               "--prevalence", str(SITE_B["prevalence"]), "--unlabelled", str(unlabelled),
+               # B is another scanner: the site check (run first) refuses the label-free rows; this test measures
+               # them all the same, so it goes past the check, and the run records its verdict
+               "--force"])
     summary = capsys.readouterr().out
     assert rc == 0, summary
     runs = client.search_runs([exp.experiment_id], "tags.`lungcal.site` = 'site-b'")
@@ -140,6 +144,7 @@ def test_two_site_recalibration(tmp_path, capsys):
     m, chosen = r.data.metrics, r.data.params["chosen"]
     assert r.data.tags["lungcal.parent_run"] == s1.info.run_id and r.data.tags["lungcal.calibrator"] == chosen
     assert r.data.params["fit_split"] == "val" and r.data.params["retrained"] == "False"
+    assert r.data.params["site_check"] in ("comparable", "prevalence_shift", "scanner_shift", "unchecked")
     rows = [chosen] + sorted(k[len("test_"):-len("/ece")] for k in m if k.startswith("test_") and k.endswith("/ece"))
     numbers = {"site_a": site_a, "chosen": chosen, "fit_warning": r.data.tags.get("lungcal.fit_warning"),
                "priors": {k: m[k] for k in ("source_prior", "site_prior", "em_prior")},

@@ -11,7 +11,11 @@ no run left RUNNING). A case folder as a user has it (issue 34 item 6: the CT, i
 CSV, an unreadable and a single-slice CT beside it): ``predict`` and ``qc`` read it the same way, the
 mask and the other files are skipped by name, the two bad CTs are refused with their reasons while
 the good one is scored (exit 2), the key lists everything, and a run that breaks off is tagged
-``failed``; the same around the real LIDC scan where ``../shared/data/ct`` has it.
+``failed``; the same around the real LIDC scan where ``../shared/data/ct`` has it. Out of its depth (issue 32
+item 7): the real scan (0.7 mm pixels, 2.5 mm slices) lies outside the tiny model's 5 mm training data, so it
+is flagged and referred (line, JSON, CSV, picture), a CT like the training ones is not, and every answer of
+this synthetic model says it is a demo; a site's prior adjustment whose site check found a scanner shift is
+refused, and applied with a warning when the recalibration was forced.
 """
 from __future__ import annotations
 
@@ -29,11 +33,14 @@ from monai.bundle import run
 from PIL import Image
 
 from lungcal.calibration.guarantee import MissedCancerGuarantee
+from lungcal.calibration.prior import PriorAdjusted
 from lungcal.calibration.scaling import PlattScaler, calibrated_probs
 from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
+from lungcal.calibration.shift import EmbeddingRange
 from lungcal.cli import main
-from lungcal.engine.evaluate.calibrators import reference_calibrator
-from lungcal.engine.evaluate.cases import ReferralRule, answer_line, case_record
+from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
+from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, reference_calibrator
+from lungcal.engine.evaluate.cases import DEMO_NOTICE, OOD_REASON, ReferralRule, answer_line, case_record
 from lungcal.engine.evaluate.pictures import (
     _patch,
     _plane,
@@ -43,11 +50,13 @@ from lungcal.engine.evaluate.pictures import (
     log_split_pictures,
 )
 from lungcal.engine.infer.inference import InferenceRun, PartlyRefused
+from lungcal.engine.infer.ood import TrainingRange
 from lungcal.engine.model.predict import predict
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import (
     MLFLOW_PARENT,
+    TAG_FORCED,
     TAG_INFERENCE,
     TAG_MODEL,
     TAG_OUTCOME,
@@ -148,6 +157,14 @@ def test_predict_one_nifti_writes_json_png_key_and_a_linked_run(model, tmp_path,
     with open(out / "inputs.csv") as fh:
         key = list(csv.DictReader(fh))
     assert key == [{"pseudonym": "ct0000", "image": str(nifti.absolute()), "series_uid": "", "status": "scored"}]
+    # a synthetic-cohort model says so; a CT like its training ones is inside its acquisition range; its
+    # validation split (a few CTs) is too small for an embedding range, and the JSON says so
+    assert case["notice"] == DEMO_NOTICE and answers[0].endswith(f"[{DEMO_NOTICE}]")
+    ood = case["out_of_distribution"]
+    assert ood["checked"] == {"acquisition": True, "embedding": False} and ood["acquisition_outside"] == []
+    assert not ood["flagged"] and ood["embedding_distance"] is None and "embedding range" in ood["not_checked"][
+        "embedding"]
+    assert OOD_REASON not in case["referral"]["reasons"]
 
     runs = _runs(model, **{TAG_INFERENCE: "predict", TAG_PARENT: model["run"].info.run_id})
     assert len(runs) == 1
@@ -595,3 +612,113 @@ def test_predict_a_folder_around_a_real_scan(model, shared_dir, tmp_path, capsys
         key = list(csv.DictReader(fh))
     assert key[0]["pseudonym"] == "ct0000" and key[0]["status"] == "scored"
     assert Path(key[0]["image"]).name == "ct.nii.gz" and all(r["status"].startswith("skipped") for r in key[1:])
+
+
+# --------------------------------------------------------------------------------------------
+# out of its depth (issue 32 item 7)
+def test_a_real_ct_is_flagged_outside_the_training_data_and_referred(model, shared_dir, tmp_path, capsys):
+    """The real LIDC scan against a model trained on 5 mm phantoms: its pixel size and slice thickness lie
+    outside everything the training split held, so it is flagged and referred, whatever its confidence."""
+    ct = shared_dir / "data" / "ct" / "LIDC-IDRI-0001" / "ct.nii.gz"
+    if not ct.is_file():
+        pytest.skip(f"the real LIDC scan is not in {ct.parent}")
+    out = tmp_path / "real"
+    capsys.readouterr()
+    assert _predict(model, ct, out) == 0
+    printed = capsys.readouterr().out
+    (line,) = [a for a in printed.splitlines() if a.startswith("ct0000")]
+    case = json.loads((out / "cases" / "ct0000.json").read_text())
+    ood = case["out_of_distribution"]
+    assert ood["flagged"] and ood["reason"] == OOD_REASON and ood["checked"]["acquisition"]
+    fields = {a["field"]: a for a in ood["acquisition_outside"]}
+    assert {"pixel_mm", "slice_thickness_mm"} <= set(fields)
+    assert fields["pixel_mm"]["value"] == pytest.approx(0.703, abs=0.01) and fields["pixel_mm"]["low"] > 4
+    assert case["referral"]["refer"] is True and OOD_REASON in case["referral"]["reasons"]
+    assert "REFER (" in line and f"{OOD_REASON}: " in line and "pixel_mm 0.703 (training" in line
+    assert line.endswith(f"[{DEMO_NOTICE}]") and case["notice"] == DEMO_NOTICE
+    assert "1 of 1 CT(s) outside the model's training data" in printed and f"NOTE: {DEMO_NOTICE}" in printed
+    with open(out / "predictions.csv") as fh:
+        row = next(csv.DictReader(fh))
+    assert row["outside_training"] == "1" and row["referred"] == "1"
+    with Image.open(out / "cases" / "ct0000.png") as png:
+        assert png.size == PNG_SIZE
+    r = _runs(model, **{TAG_INFERENCE: "predict", TAG_PARENT: model["run"].info.run_id})[0]
+    assert r.data.metrics["n_outside_training"] == 1 and r.data.metrics["n_referred"] == 1
+    assert str(ct.parent) not in _mlflow_text(model, r.info.run_id, tmp_path / "dl")
+
+
+def _texts(fig) -> str:
+    return "\n".join(t.get_text() for t in [*fig.texts, *(t for ax in fig.axes for t in ax.texts)])
+
+
+def test_a_flagged_case_is_referred_with_its_reason_on_the_line_and_the_picture():
+    scores = {"probs": np.array([[0.02, 0.98]]), "attention": np.array([[1.0]]), "subjects": ["ct0000"],
+              "candidates": [{"world": [[10.0, -5.0, 20.0]], "radius_mm": [4.0], "score": [0.9]}],
+              "member_probs": None}
+    ood = {"flagged": True, "reason": OOD_REASON, "acquisition_outside": [
+        {"field": "pixel_mm", "value": 0.7, "low": 4.9, "high": 5.1}], "embedding_distance": 3.0,
+        "embedding_threshold": 1.0, "checked": {"acquisition": True, "embedding": True}, "not_checked": {}}
+    for rule in (ReferralRule(0.7, "validation"), ReferralRule(None)):  # confident, or no rule: referred anyway
+        case = case_record(scores, 0, rule, calibrator="ts", ood=ood, notice=DEMO_NOTICE)
+        assert case["referral"]["refer"] is True and case["referral"]["reasons"] == [OOD_REASON]
+        line = answer_line(case)
+        assert (f"REFER ({OOD_REASON}: pixel_mm 0.7 (training 4.9-5.1), embedding distance 3 > 1)" in line
+                and line.endswith(f"[{DEMO_NOTICE}]"))
+    arr = np.full((40, 40, 30), -1000.0, np.float32)
+    arr[8:32, 8:32, 5:25] = 40.0
+    text = _texts(case_figure((arr, np.diag([1.0, 1.0, 2.0, 1.0])), case))
+    assert "OUTSIDE THE MODEL'S TRAINING DATA: pixel_mm 0.7" in text and DEMO_NOTICE in text
+    assert f"REFER for review: {OOD_REASON}" in text
+    inside = case_record(scores, 0, ReferralRule(0.7, "validation"), calibrator="ts",
+                         ood={**ood, "flagged": False, "acquisition_outside": [], "embedding_distance": 0.5})
+    assert inside["referral"]["refer"] is False and inside["notice"] is None
+    assert "OUTSIDE" not in _texts(case_figure((arr, np.diag([1.0, 1.0, 2.0, 1.0])), inside))
+
+
+def test_training_range_flags_acquisition_and_embedding_and_says_what_it_could_not_check():
+    def stats(px):
+        return AcquisitionStats(5.0, 5.0, px, -1000.0, 20.0, 1.0)
+
+    summary = summarize_acquisitions([stats(4.8), stats(5.0), stats(5.2)])
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(200, 4))  # a 99th-percentile range needs about 99 validation cases
+    tr = TrainingRange(summary, EmbeddingRange(ref))
+    inside = tr.block(stats(5.0), ref[0] + 0.01)
+    assert not inside["flagged"] and inside["acquisition_outside"] == [] and "note" not in inside
+    assert inside["embedding_distance"] <= inside["embedding_threshold"]
+    px = tr.block(stats(0.7), ref[0])
+    assert px["flagged"] and [a["field"] for a in px["acquisition_outside"]] == ["pixel_mm"]
+    far = tr.block(stats(5.0), ref[0] + 50.0)
+    assert far["flagged"] and far["embedding_distance"] > far["embedding_threshold"]
+    unmeasured = tr.block(None, None)
+    assert not unmeasured["flagged"] and unmeasured["checked"] == {"acquisition": False, "embedding": False}
+    assert unmeasured["note"].startswith("the check was not possible: ")
+    none = TrainingRange.from_run("sqlite:///unused.db", None).block(stats(0.7), ref[0])
+    assert not none["flagged"] and "checkpoint file" in none["note"] and none["acquisition_outside"] is None
+
+
+def _prior_site(model, tmp_path, site: str, params: dict, tags: dict) -> None:
+    """A site recalibration run that stored a prior adjustment, with what its site check recorded."""
+    prior = PriorAdjusted(None, 0.5, 0.2)
+    with RunTracker("nlst", f"ce+prior@{site}", tracking_uri=model["uri"], parent_run_id=model["run"].info.run_id,
+                    tags={"lungcal.stage1": "ce", "lungcal.stage2": "prior", "lungcal.calibrator": "prior",
+                          "lungcal.site": site, "lungcal.recalibration": "local", **tags}) as tr:
+        tr.log_params(params)
+        tr.log_artifact(atomic_write_text(tmp_path / site / "prior.json", prior.to_json()), "calibrator")
+
+
+def test_a_prior_adjustment_after_a_scanner_shift_is_refused_unless_forced(model, tmp_path, capsys):
+    shifted = {SITE_CHECK_PARAM: "scanner_shift", SITE_CHECK_RUN_PARAM: "chk"}
+    _prior_site(model, tmp_path, "site-s", shifted, {})
+    before = len(_runs(model, **{TAG_INFERENCE: "predict"}))
+    capsys.readouterr()
+    assert _predict(model, model["dicoms"][5], tmp_path / "refused", "--site", "site-s", "--no-pictures") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lungcal")]
+    assert len(err) == 1 and "the prior adjustment stored at site site-s" in err[0] and "scanner_shift" in err[0]
+    assert len(_runs(model, **{TAG_INFERENCE: "predict"})) == before and not (tmp_path / "refused").exists()
+    _prior_site(model, tmp_path, "site-f", shifted, {TAG_FORCED: "scanner_shift"})
+    assert _predict(model, model["dicoms"][5], tmp_path / "forced", "--site", "site-f", "--no-pictures") == 0
+    printed = capsys.readouterr().out
+    assert printed.count("WARNING: the prior adjustment stored at site site-f") == 2  # before scoring, in the summary
+    r = _runs(model, **{TAG_INFERENCE: "predict", "lungcal.site": "site-f"})[0]
+    assert r.data.tags[TAG_FORCED] == "scanner_shift" and r.data.params["calibrator"] == "prior"

@@ -16,8 +16,14 @@ written as ``cases/<pseudonym>.json``:
 - ``candidates``: the ``top_k`` most attended candidates, most attended first: attention, centre in RAS
   mm (MONAI world) and LPS mm (DICOM patient coordinates, what a PACS viewer shows), radius and
   detector score.
+- ``out_of_distribution``: whether the CT lies outside the model's training data (its acquisition outside
+  everything the training split held, or its embedding beyond the validation cases' range;
+  :mod:`lungcal.engine.infer.ood`); a flagged CT is **referred** whatever its confidence, with the reason
+  :data:`OOD_REASON`. ``null`` where the scoring path does not check (a stage-1 run's test split);
+- ``notice``: a sentence every answer carries (a demo model: :data:`DEMO_NOTICE`), else ``null``.
 
-Referral rule (one of):
+Referral (``referral.refer``, with ``referral.reasons``) is true when the CT is outside the training data, or
+by the rule (one of):
 
 - ``--refer-below C``: refer when confidence < C;
 - else the *validation rule*: the calibrator run that is applied (the stage-1 run's post-hoc run, or
@@ -49,12 +55,16 @@ from lungcal.calibration.selective import (
 )
 from lungcal.errors import ConfigError
 
-__all__ = ["ReferralRule", "WORK_UP", "NO_WORK_UP",
-           "position_text", "uncertainty_fields", "decision_block", "case_record", "answer_line"]
+__all__ = ["ReferralRule", "WORK_UP", "NO_WORK_UP", "OOD_REASON", "DEMO_NOTICE",
+           "position_text", "uncertainty_fields", "decision_block", "case_record", "answer_line", "ood_summary"]
 
 #: the printed verdicts of a decision threshold
 WORK_UP = "work-up"
 NO_WORK_UP = "no work-up (below the guaranteed threshold)"
+#: the referral reason of a CT outside the model's training data
+OOD_REASON = "outside the model's training data"
+#: what every answer of a model trained on the synthetic demo cohort says
+DEMO_NOTICE = "demo model trained on synthetic phantoms: not a clinical estimate"
 
 
 @dataclass(frozen=True)
@@ -132,9 +142,24 @@ def _lps(ras: Sequence[float]) -> list[float]:
     return [-float(ras[0]), -float(ras[1]), float(ras[2])]
 
 
+def ood_summary(ood: Mapping[str, Any] | None, ranges: bool = True) -> str:
+    """What put a flagged CT outside the training data, in a few words (``pixel_mm 0.703 (training 4.9-5.1)``,
+    ``embedding distance 3.1 > 1.2``; without the training ranges when not ``ranges``); empty when not flagged."""
+    if not ood or not ood.get("flagged"):
+        return ""
+    parts = [f"{a['field']} {float(a['value']):.3g}"
+             + (f" (training {float(a['low']):.3g}-{float(a['high']):.3g})" if ranges else "")
+             for a in ood.get("acquisition_outside") or []]
+    d, t = ood.get("embedding_distance"), ood.get("embedding_threshold")
+    if d is not None and t is not None and d > t:
+        parts.append(f"embedding distance {d:.3g} > {t:.3g}")
+    return ", ".join(parts)
+
+
 def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibrator: str, top_k: int = 3,
                 model: Mapping[str, Any] | None = None, qc=None, label: int | None = None,
-                decision: MissedCancerGuarantee | None = None) -> dict[str, Any]:
+                decision: MissedCancerGuarantee | None = None, ood: Mapping[str, Any] | None = None,
+                notice: str | None = None) -> dict[str, Any]:
     """The record of CT ``i`` of :func:`score_rows` (see the module doc).
 
     ``decision``: the site's guaranteed threshold (:func:`lungcal.engine.evaluate.calibrators.site_guarantee`),
@@ -142,6 +167,9 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
 
     ``label``: the known outcome (1 cancer, 0 none) of a CT of a labelled split (a stage-1 run's test
     split); recorded as ``"label"`` and shown on the picture. New patients have none: the key is left out.
+
+    ``ood``: this CT's ``out_of_distribution`` block (:meth:`lungcal.engine.infer.ood.TrainingRange.block`); a
+    flagged CT is referred with :data:`OOD_REASON`. ``notice``: a sentence the answer carries (:data:`DEMO_NOTICE`).
     """
     p1 = float(scores["probs"][i, 1])
     conf = float(confidence(p1))
@@ -155,18 +183,25 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
               "lps_mm": [round(v, 2) for v in _lps(c["world"][j])],
               "radius_mm": round(float(c["radius_mm"][j]), 2), "detector_score": float(c["score"][j])}
              for r, j in enumerate(order)]
+    refer = rule.refer(conf)
+    reasons = [f"confidence {conf:.3f} < {rule.threshold:.3f}"] if refer else []
+    if ood is not None and ood.get("flagged"):  # out of its depth: referred whatever its confidence
+        refer = True
+        reasons.append(OOD_REASON)
     record = {
         "pseudonym": scores["subjects"][i],
         "probability": p1,
         "confidence": conf,
         "calibrator": calibrator,
         "uncertainty": uncertainty_fields(p1, None if members is None else members[:, i, 1]),
-        "referral": {"refer": rule.refer(conf), "confidence": conf, "threshold": rule.threshold,
-                     "source": rule.source, "rule": rule.describe()},
+        "referral": {"refer": refer, "confidence": conf, "threshold": rule.threshold,
+                     "source": rule.source, "rule": rule.describe(), "reasons": reasons},
         "decision": decision_block(p1, decision),
         "candidates": cands,
         "n_candidates": int(n),
         "qc": None if qc is None else {"verdict": qc.verdict, "warnings": [w.name for w in qc.warnings]},
+        "out_of_distribution": None if ood is None else dict(ood),
+        "notice": notice,
         "model": dict(model or {}),
         "coordinates": "ras_mm: RAS world mm (x to the patient's right, y anterior, z superior); "
                        "lps_mm: DICOM patient coordinates (x to the left, y posterior, z superior)",
@@ -184,13 +219,18 @@ def position_text(ras_mm: Sequence[float]) -> str:
 
 
 def answer_line(case: Mapping[str, Any]) -> str:
-    """One line per CT: pseudonym, probability (+ interval), referral, the site's decision (when it has a
-    guaranteed threshold), the most attended candidate."""
+    """One line per CT: pseudonym, probability (+ interval), referral (and why: low confidence, outside the
+    training data), the site's decision (when it has a guaranteed threshold), the most attended candidate, the
+    notice (a demo model)."""
     unc, ref = case["uncertainty"], case["referral"]
     iv = unc.get("interval")
     p = f"p(cancer) {case['probability']:.2f}" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
-    verdict = ("referral: no rule" if ref["refer"] is None else
-               f"REFER (confidence {ref['confidence']:.3f} < {ref['threshold']:.3f})" if ref["refer"] else
+    reasons = list(ref.get("reasons") or [])
+    if ref["refer"] and not reasons:  # a record made before reasons were kept
+        reasons = [f"confidence {ref['confidence']:.3f} < {ref['threshold']:.3f}"]
+    ood = ood_summary(case.get("out_of_distribution"))
+    why = "; ".join(f"{r}: {ood}" if r == OOD_REASON and ood else r for r in reasons)
+    verdict = ("referral: no rule" if ref["refer"] is None else f"REFER ({why})" if ref["refer"] else
                f"not referred (confidence {ref['confidence']:.3f})")
     decision = case.get("decision")
     if decision is not None:
@@ -198,4 +238,5 @@ def answer_line(case: Mapping[str, Any]) -> str:
     top = case["candidates"][0] if case["candidates"] else None
     where = "no candidate" if top is None else f"top candidate {position_text(top['ras_mm'])}, attention " \
         f"{top['attention']:.2f}"
-    return f"{case['pseudonym']}  {p}  {verdict}  {where}"
+    notice = f"  [{case['notice']}]" if case.get("notice") else ""
+    return f"{case['pseudonym']}  {p}  {verdict}  {where}{notice}"

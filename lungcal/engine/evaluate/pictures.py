@@ -13,6 +13,9 @@ native grid) and the case record of :mod:`lungcal.engine.infer.scoring`:
 - the three most attended candidates, one row each: axial, coronal and sagittal patches
   (``patch_mm`` wide, lung window) centred on the candidate, with its attention and its position
   in mm (patient coordinates: R/L, A/P, S/I).
+- above the panels: a red band OUTSIDE THE MODEL'S TRAINING DATA with what lies outside (the record's
+  ``out_of_distribution``; such a CT is referred, and the verdict says why), and on the right the record's
+  ``notice`` (a demo model: "demo model trained on synthetic phantoms: not a clinical estimate").
 
 Display follows radiology: axial and coronal views have the patient's right on the image's left;
 axial has anterior up; coronal and sagittal have superior up; sagittal has anterior on the left.
@@ -36,7 +39,7 @@ from matplotlib.patches import Ellipse, Rectangle
 from tqdm.auto import tqdm
 
 from lungcal.ct.io import load_ct
-from lungcal.engine.evaluate.cases import ReferralRule, case_record, position_text
+from lungcal.engine.evaluate.cases import OOD_REASON, ReferralRule, case_record, ood_summary, position_text
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write
 
@@ -56,6 +59,8 @@ _STROKE = [patheffects.withStroke(linewidth=2.5, foreground="black")]  # labels 
 _STROKE_THIN = [patheffects.withStroke(linewidth=1.5, foreground="white")]
 _LABEL_SIDES = ((1, -1), (1, 1), (-1, -1))  # (right, above), (right, below), (left, above) of the ring
 _DECISION_COLOUR = "#2b5fad"
+_OOD_COLOUR = "#b2182b"
+_NOTICE_COLOUR = "#762a83"
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -165,6 +170,8 @@ def _probability_panel(ax, case: Mapping[str, Any]) -> None:
         bar.spines[side].set_visible(False)
     if ref.get("refer") is None:
         verdict, colour = "referral: no threshold (see the rule in the JSON)", "0.35"
+    elif ref["refer"] and OOD_REASON in (ref.get("reasons") or []):
+        verdict, colour = f"REFER for review: {OOD_REASON}", _OOD_COLOUR
     elif ref["refer"]:
         verdict, colour = f"REFER for review: confidence {ref['confidence']:.3f} < {t:.3f}", "#b35806"
     else:
@@ -190,6 +197,19 @@ def _decision_mark(ax, bar, decision: Mapping[str, Any]) -> None:
     ax.text(0.0, 0.01, f"{verdict}: p {side} {t:.3f} (guaranteed: <= {100 * float(decision['alpha']):g}% "
             f"of cancers missed, {100 * (1 - float(decision['delta'])):g}% confidence)", fontsize=8, fontweight="bold",
             color=_DECISION_COLOUR, va="top", transform=ax.transAxes)
+
+
+def _banner(fig, case: Mapping[str, Any]) -> None:
+    """Above the panels: OUTSIDE THE MODEL'S TRAINING DATA and what (left, red), the demo notice (right)."""
+    ood = case.get("out_of_distribution") or {}
+    if ood.get("flagged"):
+        what = ood_summary(ood, ranges=False)  # the ranges are in the JSON
+        fig.text(0.015, 0.995, textwrap.shorten(f"OUTSIDE THE MODEL'S TRAINING DATA: {what}", 95), fontsize=10,
+                 fontweight="bold", color="white", va="top", ha="left",
+                 bbox={"boxstyle": "square,pad=0.25", "fc": _OOD_COLOUR, "ec": "none"})
+    if case.get("notice"):
+        fig.text(0.99, 0.995, str(case["notice"]), fontsize=10, fontweight="bold", color=_NOTICE_COLOUR, va="top",
+                 ha="right")
 
 
 def _overview_panel(ax, arr, affine, spacing, candidates) -> None:
@@ -265,6 +285,7 @@ def case_figure(image, case: Mapping[str, Any], *, patch_mm: float = 40.0, n_can
     gs = fig.add_gridspec(3, 5, width_ratios=[1.05, 1.05, 1, 1, 1], height_ratios=[1, 1, 1],
                           left=0.015, right=0.99, top=0.95, bottom=0.015, wspace=0.04, hspace=0.16)
     _probability_panel(fig.add_subplot(gs[0, 0:2]), case)
+    _banner(fig, case)
     _overview_panel(fig.add_subplot(gs[1:3, 0:2]), arr, affine, spacing, cands)
     for k in range(n_candidates):
         axes = [fig.add_subplot(gs[k, 2 + m]) for m in range(3)]

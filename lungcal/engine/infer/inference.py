@@ -27,6 +27,13 @@ Order of work:
    (:mod:`lungcal.engine.infer.scoring`, :mod:`lungcal.engine.evaluate.pictures`), ``qc.csv`` and
    ``inputs.csv``.
 
+Each scored CT is also placed against the model's training data (:mod:`lungcal.engine.infer.ood`): one whose
+acquisition or embedding lies outside it is flagged (``out_of_distribution`` in its JSON, the line and the
+picture) and referred. A model trained on the synthetic demo cohort says so on every answer (``notice``).
+A site's stored *prior adjustment* is applied only if its recalibration's site check allowed it
+(:func:`lungcal.engine.evaluate.calibrators.prior_guard`): refused (exit code 2) after a ``scanner_shift``
+verdict, with a warning on every run when the recalibration was forced.
+
 When some CTs were refused, :meth:`InferenceRun.run` raises :class:`PartlyRefused` (a ``DataError``:
 one line, exit code 2) after everything else is written; when every CT was refused it raises a
 ``DataError`` and opens no run.
@@ -50,6 +57,7 @@ from lungcal.engine.data.cohort import resolve_output_dir
 from lungcal.engine.data.inputs import CT_SUFFIXES, KEY_FILE, input_rows, read_inputs, write_key
 from lungcal.engine.data.series_qc import log_warnings, qc_csv_rows, screen, write_qc_csv
 from lungcal.engine.evaluate.calibrators import (
+    prior_guard,
     reference_calibrator,
     site_calibrator,
     site_guarantee,
@@ -57,6 +65,7 @@ from lungcal.engine.evaluate.calibrators import (
 )
 from lungcal.engine.evaluate.cases import ReferralRule, answer_line, case_record
 from lungcal.engine.evaluate.pictures import gallery_selection, write_pictures
+from lungcal.engine.infer.ood import TrainingRange, demo_notice
 from lungcal.engine.infer.scoring import score_rows, write_outputs
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.model.predict import predict
@@ -66,6 +75,7 @@ from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
+    TAG_FORCED,
     TAG_INFERENCE,
     TAG_MODEL,
     TAG_OUTCOME,
@@ -217,6 +227,17 @@ class InferenceRun:
             return None
         return site_guarantee(self.tracking_uri, run, self.site)
 
+    def check_prior(self, run, cal) -> tuple[str | None, str | None]:
+        """Whether the site's stored calibrator may be applied (:func:`prior_guard`, on the site's recalibration
+        run): ``(warning line or None, the overridden verdict of a forced run or None)``; raises ConfigError
+        for a prior adjustment whose site check found ``scanner_shift`` and was not forced."""
+        if not self.site or run is None or self.temperature is not None:
+            return None, None
+        recal = linked_calibrator_run(self.tracking_uri, run, site=self.site)
+        warning = prior_guard(cal, recal, self.site)
+        forced = recal.data.tags.get(TAG_FORCED) if warning is not None and recal is not None else None
+        return warning, forced
+
     def resolve_rule(self, run) -> ReferralRule:
         """``refer_below`` when given, else the validation rule of the applied calibrator's run, else none."""
         if self.rule is not None:
@@ -238,6 +259,11 @@ class InferenceRun:
         cal_name = "none" if cal is None else str(cal.name)
         rule = self.resolve_rule(stage1.run)
         decision = self.resolve_decision(stage1.run)
+        prior_warning, forced = self.check_prior(stage1.run, cal)
+        if prior_warning:
+            print(f"  {prior_warning}", flush=True)
+        notice = demo_notice(stage1.run)
+        training = TrainingRange.from_run(self.tracking_uri, stage1.run)
         # the key first: whatever happens to a CT from here on, its pseudonym can be looked up
         key = write_key(all_rows, self.output, skipped=found.skipped, source=self.inputs)
         for name, why in found.skipped:
@@ -274,6 +300,8 @@ class InferenceRun:
             model_id = f"checkpoint:{file_digest(path)}"
         tags = {TAG_INFERENCE: self.mode, TAG_MODEL: model_id, TAG_STAGE1: stage1.stage1_name(TAG_STAGE1),
                 TAG_SITE: self.site or "reference", TAG_DATASET: "inference"}
+        if forced:
+            tags[TAG_FORCED] = forced
         with RunTracker(self._experiment(stage1.run), f"{self.mode}-{time.strftime('%Y%m%d-%H%M%S')}",
                         tracking_uri=self.tracking_uri, tags=tags, parent_run_id=stage1.run_id) as tracker:
             try:
@@ -282,15 +310,21 @@ class InferenceRun:
                                     "site": self.site or "reference", "temperature": temp, "referral": rule.as_dict(),
                                     "decision": None if decision is None else decision.as_dict(),
                                     "pictures": self.pictures, "top_k": self.top_k, "qc": self.qc is not None,
-                                    "bag_params": stage1.bag_params})
+                                    "bag_params": stage1.bag_params, "demo_model": notice is not None,
+                                    "ood_checks": {k: k not in training.notes for k in ("acquisition", "embedding")}})
                 scores = score_rows(stage1.network, rows, stage1.bag_params, cal,
                                     cache_dir=self.output_dir / "cache" / "bags", device=self.device,
                                     batch_size=self.batch_size, num_workers=self.num_workers,
                                     predict_fn=self.predict_fn)
                 model = {"run_id": stage1.run_id, "site": self.site, "calibrator": cal_name,
                          "mlflow_run": tracker.run_id}
+                feats = scores.get("features")
+                feats = None if feats is None else np.asarray(feats).reshape(len(rows), -1)
+                oods = [training.block(None if rep is None else rep.acquisition, None if feats is None else feats[i])
+                        for i, rep in enumerate(reports)]
                 cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model,
-                                     qc=reports[i], decision=decision) for i in range(len(rows))]
+                                     qc=reports[i], decision=decision, ood=oods[i], notice=notice)
+                         for i in range(len(rows))]
                 paths = write_outputs(self.output, scores, cases, temp)
                 status.update({str(r["subject"]): "scored" for r in rows})
                 key = write_key(all_rows, self.output, status, found.skipped, self.inputs)  # local only: paths
@@ -305,8 +339,11 @@ class InferenceRun:
                 referred = [c["referral"]["refer"] for c in cases]
                 metrics = {"n_scored": len(cases), "n_refused": len(refused),
                            "mean_probability": float(np.mean(scores["probs"][:, 1]))}
+                if rule.threshold is not None or any(referred):
+                    metrics["n_referred"] = sum(bool(r) for r in referred)
                 if rule.threshold is not None:
-                    metrics.update(n_referred=sum(bool(r) for r in referred), referral_threshold=rule.threshold)
+                    metrics["referral_threshold"] = rule.threshold
+                metrics["n_outside_training"] = sum(bool(o["flagged"]) for o in oods)
                 if decision is not None:
                     metrics.update(n_work_up=sum(bool(c["decision"]["positive"]) for c in cases),
                                    decision_threshold=decision.threshold)
@@ -324,6 +361,9 @@ class InferenceRun:
                          + (f", {len(found.skipped)} other file(s) skipped" if found.skipped else "")
                          + f"; calibrator {cal!r}; {rule.describe()}",
                          *([f"  decision at site {self.site}: {decision.statement()}"] if decision else []),
+                         *self._ood_lines(oods),
+                         *([f"  {prior_warning}"] if prior_warning else []),
+                         *([f"  NOTE: {notice}"] if notice else []),
                          f"  written to {self.output} (cases/<pseudonym>.json + .png, predictions.csv)",
                          f"  {KEY_FILE} there maps each pseudonym to its input file: kept local, never logged",
                          f"  MLflow run {run_id}"]), flush=True)
@@ -339,6 +379,15 @@ class InferenceRun:
                                 file=self.output / KEY_FILE, result=result,
                                 fix=f"each refused CT is listed above; {KEY_FILE} maps its pseudonym to its file")
         return result
+
+    @staticmethod
+    def _ood_lines(oods: list[dict[str, Any]]) -> list[str]:
+        """The summary of the out-of-distribution checks: how many were flagged (and referred), what was not checked."""
+        n = sum(bool(o["flagged"]) for o in oods)
+        lines = [f"  {n} of {len(oods)} CT(s) outside the model's training data (acquisition or embedding): referred"]
+        skipped = {k: v for o in oods for k, v in o["not_checked"].items()}
+        lines += [f"  not checked: {k}: {v}" for k, v in sorted(skipped.items())]
+        return lines
 
     def _experiment(self, run) -> str:
         if run is None:

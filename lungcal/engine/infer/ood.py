@@ -1,0 +1,117 @@
+"""Per CT: is it the model's kind of data? A probability that knows when it is out of its depth.
+
+``lungcal predict`` places each CT against what the model was trained on, with what its stage-1 run logged:
+
+- **acquisition**: the CT's slice thickness, slice spacing, pixel size, HU of air, noise and edge width (the
+  series checks measure them, :attr:`lungcal.ct.qc.QCReport.acquisition`) against everything the training
+  split held (its ``data/acquisition.json``, widened by the estimators' tolerance;
+  :func:`lungcal.ct.acquisition.outside_training`);
+- **embedding**: the CT's pooled bag embedding against the validation cases' (``data/site_reference.npz``):
+  its distance to its 5th nearest validation case beyond the 99th percentile of theirs, cross-fitted
+  (:class:`lungcal.calibration.shift.EmbeddingRange`; a validation split under about 99 cases is too small for
+  that level, and the embedding is then not checked).
+
+Either makes the CT *flagged*: its record's ``out_of_distribution`` block says why, and it is referred
+(:data:`lungcal.engine.evaluate.cases.OOD_REASON`). What could not be checked (a checkpoint instead of a run,
+a run logged before these artifacts, series checks off, too small a validation split) is said in the block
+(``checked``, ``not_checked``), and nothing is flagged for it. This is the per-CT half of ``lungcal
+site-check`` (which tests a whole site), computed here because ``engine/infer`` may not import ``engine/site``.
+
+A model whose stage-1 run was trained on the synthetic demo cohort (tag ``lungcal.dataset = synthetic``)
+says so on every answer (:func:`demo_notice`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lungcal.calibration.shift import EmbeddingRange
+from lungcal.ct.acquisition import AcquisitionStats, outside_training
+from lungcal.engine.evaluate.cases import DEMO_NOTICE, OOD_REASON
+from lungcal.engine.evaluate.reports import flat_features
+from lungcal.errors import DataError
+from lungcal.tracking import TAG_DATASET, run_acquisition_summary, run_site_reference
+
+__all__ = ["SYNTHETIC_DATASET", "TrainingRange", "demo_notice"]
+
+#: the ``lungcal.dataset`` tag of a model trained on the synthetic demo cohort
+SYNTHETIC_DATASET = "synthetic"
+
+
+def demo_notice(run) -> str | None:
+    """:data:`DEMO_NOTICE` when ``run`` (a stage-1 MLflow run) was trained on the synthetic cohort, else None."""
+    if run is None:
+        return None
+    return DEMO_NOTICE if str(run.data.tags.get(TAG_DATASET, "")).startswith(SYNTHETIC_DATASET) else None
+
+
+@dataclass
+class TrainingRange:
+    """What a stage-1 run knows of its training data, to place one CT against (module doc).
+
+    ``summary``: the training split's acquisition summary (None: not logged); ``embedding``: the validation
+    cases' embedding range (None: not possible); ``notes``: why a part cannot be checked.
+    """
+
+    summary: Mapping[str, Any] | None = None
+    embedding: EmbeddingRange | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_run(cls, tracking_uri: str, run) -> TrainingRange:
+        """The range of a stage-1 run (``None``: a checkpoint file, nothing to compare with)."""
+        if run is None:
+            why = "the model is a checkpoint file, not an MLflow run: its training data is unknown"
+            return cls(notes={"acquisition": why, "embedding": why})
+        run_id = run.info.run_id
+        notes = {}
+        summary = run_acquisition_summary(tracking_uri, run_id)
+        if summary is None:
+            notes["acquisition"] = "the model's run logged no acquisition summary of its training data"
+        embedding = None
+        ref = run_site_reference(tracking_uri, run_id)
+        if ref is None or ref.get("features") is None:
+            notes["embedding"] = "the model's run logged no validation embeddings (data/site_reference.npz)"
+        else:
+            feats = flat_features(ref["features"])
+            try:
+                embedding = EmbeddingRange(feats)
+            except DataError as exc:
+                notes["embedding"] = f"too small a validation split for an embedding range: {exc.message}"
+            if embedding is not None and not math.isfinite(embedding.threshold):
+                embedding = None  # too few cases for the range's level: nothing could ever be flagged
+                notes["embedding"] = (f"too small a validation split for an embedding range: {len(feats)} cases, "
+                                      "too few for its 99th percentile")
+        return cls(summary, embedding, notes)
+
+    def block(self, stats: AcquisitionStats | None, features: np.ndarray | None) -> dict[str, Any]:
+        """The ``out_of_distribution`` block of one CT: ``flagged``, ``reason``, ``acquisition_outside`` (the
+        fields outside the training data, each with its value and range; None when not checked),
+        ``embedding_distance`` and ``embedding_threshold`` (None when not checked), ``checked`` (per part) and
+        ``not_checked`` (per part, why)."""
+        notes = dict(self.notes)
+        outside = None
+        if self.summary is not None:
+            if stats is None:
+                notes["acquisition"] = "this CT's acquisition was not measured (series checks off or not measurable)"
+            else:
+                outside = outside_training(self.summary, stats)
+        distance = threshold = None
+        if self.embedding is not None:
+            if features is None:
+                notes["embedding"] = "the network gave no embedding for this CT"
+            else:
+                distance = float(self.embedding.distance(np.asarray(features, float).reshape(1, -1))[0])
+                threshold = float(self.embedding.threshold)
+        flagged = bool(outside) or (distance is not None and threshold is not None and distance > threshold)
+        checked = {"acquisition": outside is not None, "embedding": distance is not None}
+        out: dict[str, Any] = {"flagged": flagged, "reason": OOD_REASON if flagged else None,
+                               "acquisition_outside": outside, "embedding_distance": distance,
+                               "embedding_threshold": threshold, "checked": checked, "not_checked": notes}
+        if not any(checked.values()):
+            out["note"] = "the check was not possible: " + "; ".join(notes.values())
+        return out
