@@ -46,6 +46,7 @@ from lungcal.tracking import (
     add_run_metrics,
     default_tracking_uri,
 )
+from lungcal.workflow.stages import stage
 
 __all__ = ["Store", "Evaluation", "SplitScores", "PostHocResult", "TrackedStage1", "post_hoc_runs", "prevalence"]
 
@@ -221,11 +222,16 @@ class TrackedStage1:
                 tracker.log_dict(self.resolved_config(), CONFIG_ARTIFACT)
                 self.on_first_open(tracker)
             state.attach(self.trainer, tracker.run_id)
-            self._train()
+            epochs = self.trainer.state.max_epochs
+            with stage("training", f"epochs {self.resumed_from + 1}-{epochs}" if self.resumed_from < epochs
+                       else "already complete"):
+                self._train()
             self.train_wall_s = state.record.elapsed_s()  # every process's training time, when resumed
-            scores = self.evaluate(tracker)
+            with stage("evaluation", "the best checkpoint on val and test, with bootstrap CIs"):
+                scores = self.evaluate(tracker)
             stage1_run_id = tracker.run_id
-        post = self.post_hoc_runs(stage1_run_id, scores)
+        with stage("post-hoc calibration", "one child run each"):
+            post = self.post_hoc_runs(stage1_run_id, scores)
         result = self.finish(scores, post, stage1_run_id)
         state.clear()
         return result

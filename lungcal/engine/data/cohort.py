@@ -50,6 +50,7 @@ from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
 from lungcal.runtime.distributed import is_rank_zero, rank_zero_first
 from lungcal.tracking import ACQUISITION_ARTIFACT, file_digest
+from lungcal.workflow.stages import stage
 
 __all__ = ["SPLITS", "resolve_output_dir", "load_split", "ChainPreprocess", "CTCohort", "chain_masker"]
 
@@ -195,7 +196,8 @@ class CTCohort:
                 overrides["n_subjects"] = int(self.demo_subjects)
             if self.demo_scanner_mix is not None:
                 overrides["scanner_mix"] = self.demo_scanner_mix
-            return Path(ensure_demo_cohort(self.output_dir / "data", **overrides))
+            with stage("synthetic demo cohort", "made on first use, read back afterwards"):
+                return Path(ensure_demo_cohort(self.output_dir / "data", **overrides))
         path = Path(str(self.datalist)).expanduser()
         if not path.is_file():
             raise DataError("datalist not found", file=path, field="datalist",
@@ -232,9 +234,10 @@ class CTCohort:
             soft = [train != self.bag_params and r.get("split") == "train" for r in rows]
             groups = [(self.bag_params, [r for r, t in zip(rows, soft) if not t]),
                       (train, [r for r, t in zip(rows, soft) if t])]
-            built = [e for params, group in groups if group
-                     for e in build_bags(group, params, self.cache_dir, num_workers=self.num_workers,
-                                         preprocess=self.preprocess, progress=is_rank_zero())]
+            with stage("bags", f"{len(rows)} CTs (cached ones are read back)"):
+                built = [e for params, group in groups if group
+                         for e in build_bags(group, params, self.cache_dir, num_workers=self.num_workers,
+                                             preprocess=self.preprocess, progress=is_rank_zero())]
         for s in splits:
             entries = [e for e in built if e.get("split") == s]
             self.splits[s] = stream_split(entries) if self.stream_bags and s == "train" else load_split(entries)
@@ -242,8 +245,9 @@ class CTCohort:
 
     def _screen(self, rows: list[dict]) -> list[dict]:
         """Run (or read back) the series checks; keep the rows that failed none."""
-        reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=self.masker or LungMasker(),
-                         num_workers=self.num_workers, progress=is_rank_zero())
+        with stage("series checks", f"{len(rows)} CTs (cached ones are read back)"):
+            reports = screen(rows, self.qc, self.output_dir / "cache" / "qc", masker=self.masker or LungMasker(),
+                             num_workers=self.num_workers, progress=is_rank_zero())
         self.qc_rows = qc_csv_rows(rows, reports)
         kept, self.skipped = keep_passing(rows, reports, show=is_rank_zero())
         self.acquired.update({_row_key(r): (r, a) for r, rep, a in zip(rows, reports, acquisitions(reports))
