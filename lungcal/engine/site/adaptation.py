@@ -40,6 +40,7 @@ from lungcal.engine.evaluate.calibrators import reference_calibrator
 from lungcal.engine.evaluate.reports import evaluate_probs
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.site.site_check import json_ready
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import CT_EXPERIMENT, TAG_DATASET, TAG_SITE, TAG_STAGE1, RunTracker, default_tracking_uri
@@ -225,20 +226,8 @@ def adaptation_curve(run: str, datalist: str | Path, *, sizes: Sequence[int] = D
     if log:
         _log(curve, uri, datalist, work)
     if curve.json_path:
-        atomic_write_text(curve.json_path, json.dumps(_plain(curve.as_dict()), indent=2) + "\n")
+        atomic_write_text(curve.json_path, json.dumps(json_ready(curve.as_dict()), indent=2) + "\n")
     return curve
-
-
-def _plain(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(float(x)) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
 
 
 def curve_figure(curve: Curve) -> Figure:
@@ -283,7 +272,7 @@ def _log(curve: Curve, uri: str, datalist: Path, work: Path) -> None:
                     metrics[f"{r['route']}_{r['n']}/{m}"] = float(v)
         tr.log_metrics(metrics)
         curve.run_id = tr.run_id
-        tr.log_dict(_plain(curve.as_dict()), "adaptation_curve.json")
+        tr.log_dict(json_ready(curve.as_dict()), "adaptation_curve.json")
         tr.log_figure(curve_figure(curve), "plots/adaptation_curve.png")
 
 

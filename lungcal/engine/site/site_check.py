@@ -78,7 +78,7 @@ from lungcal.tracking import (
 )
 
 __all__ = ["VERDICTS", "COMPARABLE", "PREVALENCE_SHIFT", "SCANNER_SHIFT", "MIN_SITE_CTS", "ROUTES",
-           "Reference", "SiteCheck", "assess", "site_check", "format_report", "reference_from_datalist"]
+           "Reference", "SiteCheck", "assess", "json_ready", "site_check", "format_report", "reference_from_datalist"]
 
 COMPARABLE, PREVALENCE_SHIFT, SCANNER_SHIFT = "comparable", "prevalence_shift", "scanner_shift"
 VERDICTS = (COMPARABLE, PREVALENCE_SHIFT, SCANNER_SHIFT)
@@ -170,15 +170,15 @@ class SiteCheck:
                                              "acquisition_source", "run_id", "per_ct")}
         out["prevalence_ci"] = list(self.prevalence_ci)
         out["n_flagged"] = sum(1 for c in self.per_ct if c["flagged"])
-        return _plain(out)
+        return json_ready(out)
 
 
-def _plain(x: Any) -> Any:
-    """JSON-ready: NaN as None, numpy scalars as Python numbers."""
+def json_ready(x: Any) -> Any:
+    """JSON-ready: NaN and infinities as None, numpy scalars as Python numbers (also for adaptation curves)."""
     if isinstance(x, Mapping):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): json_ready(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [json_ready(v) for v in x]
     if isinstance(x, (np.floating, float)):
         return None if not math.isfinite(float(x)) else float(x)
     if isinstance(x, np.integer):
