@@ -352,7 +352,8 @@ def site_check(run: str, path: str | Path, *, tracking_uri: str | None = None, o
                         fix="pass the site's datalist JSON or a folder holding its CTs")
     rows, site_from_rows = _site_rows(path)
     if len(rows) < MIN_SITE_CTS:
-        raise DataError(f"{len(rows)} CTs are too few to tell a site's data from the model's: a site check needs at "
+        few = f"{len(rows)} CT is" if len(rows) == 1 else f"{len(rows)} CTs are"
+        raise DataError(f"{few} too few to tell a site's data from the model's: a site check needs at "
                         f"least {MIN_SITE_CTS}", file=path, fix=f"add CTs until at least {MIN_SITE_CTS} pass the "
                         "series checks (lungcal qc shows which do)")
     out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
