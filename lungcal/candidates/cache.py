@@ -266,6 +266,9 @@ def _hash_file(h, f: Path, mode: str) -> None:
 #: acquisition.py measures a CT for the series-check report, it changes no voxel of a bag
 _NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "bagfile.py", "evaluate.py", "froc.py",
                 "detector_config.py", "acquisition.py"}
+#: opt-in detectors of lungcal.candidates: not in the fingerprint of every bag (the default pipeline's
+#: bags do not depend on them), but in the key of each bag one of them makes (:func:`detector_code`)
+OPT_IN_DETECTORS = {"subsolid.py"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -276,9 +279,22 @@ def code_fingerprint() -> str:
     h = hashlib.sha256()
     for pkg in (Path(_ct_transforms_file).parent, Path(__file__).parent):
         for src in sorted(pkg.glob("*.py")):
-            if src.name not in _NOT_SHAPING:
+            if src.name not in _NOT_SHAPING | OPT_IN_DETECTORS:
                 h.update(f"{pkg.name}/{src.name}".encode() + b"\0" + src.read_bytes())
     return h.hexdigest()
+
+
+def detector_code(resolved_detector: Mapping[str, Any]) -> str | None:
+    """sha256 of the source of the opt-in detector module (:data:`OPT_IN_DETECTORS`) a resolved
+    detector key names by its ``_target_``, else None (the key then needs nothing more)."""
+    target = str(resolved_detector.get("_target_", ""))
+    module = target.rpartition(".")[0]
+    if module.rpartition(".")[0] != __name__.rpartition(".")[0]:
+        return None
+    src = Path(__file__).parent / (module.rpartition(".")[2] + ".py")
+    if src.name not in OPT_IN_DETECTORS or not src.is_file():
+        return None
+    return hashlib.sha256(src.read_bytes()).hexdigest()
 
 
 def load_bag(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -315,12 +331,16 @@ class BagCache:
 
     def key(self, source: str | os.PathLike, params: BagParams | Mapping[str, Any] | None = None) -> str:
         """Cache key of ``source`` (a file or DICOM folder) under ``params``."""
+        resolved = BagParams.from_any(params).resolved()
         payload = {
             "version": CACHE_VERSION,
             "code": code_fingerprint(),
             "source": hash_source(source, self.source_mode),
-            "params": BagParams.from_any(params).resolved(),
+            "params": resolved,
         }
+        extra = detector_code(resolved["detector"])
+        if extra is not None:  # an opt-in detector's own source (the default key is as it was)
+            payload["detector_code"] = extra
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def path(self, key: str) -> Path:
