@@ -220,7 +220,12 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--real", type=Path, default=None, help="../shared/data/ct")
     ap.add_argument("--limits", action="store_true", help="the size x density sweep at the default preset")
+    ap.add_argument("--spacing", type=float, default=2.5, help="bag voxel size in mm (fullres: 1)")
+    ap.add_argument("--k", type=int, default=8, help="bag size K (fullres: 16)")
     a = ap.parse_args()
+    global K
+    K = a.k
+    BAG["spacing"] = (a.spacing,) * 3
     a.out.mkdir(parents=True, exist_ok=True)
     result: dict = {}
     for dl in a.datalist:
