@@ -56,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-qc", action="store_true",
                    help="score every CT, also those that fail a series check (default: leave them out, as training "
                         "does; inference refuses them)")
+    add_qc_options(p)
     p.set_defaults(func=_recalibrate)
 
     c = subparsers.add_parser(
@@ -166,11 +167,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _recalibrate(args: argparse.Namespace) -> int:
     from lungcal.engine.site.recalibrate import DEFAULT_QC, format_summary, recalibrate
 
+    qc = None if args.no_qc else (qc_config(args) if args.set else DEFAULT_QC)  # --set: the same syntax as qc
     res = recalibrate(args.model, args.datalist, method=args.method, prevalence=args.prevalence,
                       unlabelled=args.unlabelled, source_prevalence=args.source_prevalence, site=args.site,
                       experiment=args.experiment, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap, seed=args.seed,
                       tracking_uri=args.tracking_uri, output_dir=args.output_dir, num_workers=args.num_workers,
-                      qc=None if args.no_qc else DEFAULT_QC, miss_rate=args.miss_rate, confidence=args.confidence,
+                      qc=qc, miss_rate=args.miss_rate, confidence=args.confidence,
                       force=args.force)
     print(format_summary(res))
     return 0

@@ -74,3 +74,14 @@ def test_predict_refuses_a_bad_set_in_one_line_before_anything_loads(tmp_path, c
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "qc.warn_slice_thickness_mm (2.5) must not exceed qc.max_slice_thickness_mm (2.0)" in err
     assert not any(tmp_path.iterdir())
+
+
+def test_recalibrate_and_site_check_take_the_same_set_and_refuse_a_bad_one_before_anything_loads(tmp_path, capsys):
+    for cmd in (["recalibrate", "--model", "0" * 32, "--datalist", str(tmp_path / "site.json")],
+                ["site-check", str(tmp_path / "site.json"), "--run", "0" * 32]):
+        code = main([*cmd, "--output-dir", str(tmp_path), "--set", "max_slice_thickness_mm=2",
+                     "--set", "warn_slice_thickness_mm=2.5"])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "must not exceed qc.max_slice_thickness_mm (2.0)" in err
+    assert not any(tmp_path.iterdir())
