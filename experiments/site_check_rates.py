@@ -13,6 +13,11 @@ Everything lives under OUT (resumable: cohorts and the model are made once; resu
 results come). Prints the tables that ``docs/results.md`` holds.
 
     python experiments/site_check_rates.py OUT [--draws 20] [--epochs 12]
+    python experiments/site_check_rates.py OUT --preset demo --run <stage-1 run id> --store <its output_dir>
+
+``--preset demo`` checks an existing model trained at the demo's 2.5 mm preset (e.g. README command 1's):
+its sites are 128 x 128 x 96 DICOM phantoms at 2.5 mm (as the demo's), its slice changes 2.0 and 3.0 mm (the
+series checks' default limit is 3 mm, and they keep their defaults).
 """
 from __future__ import annotations
 
@@ -38,6 +43,12 @@ SHAPE, SPACING = (64, 64, 48), (5.0, 5.0, 5.0)
 QC = {"max_slice_thickness_mm": 12.0, "warn_slice_thickness_mm": 12.0, "max_pixel_mm": 6.0}
 #: (name, strength label, make_cohort keyword arguments) of the graded scanner changes; the training
 #: scanner is the default ScannerProfile (noise 20 HU, kernel 0.7 mm, offset 0, 5 mm slices sampled)
+#: the demo preset's grid and its graded slice changes (128 x 128 x 96 at 2.5 mm: 320 x 320 x 240 mm)
+DEMO_SHAPE, DEMO_SPACING = (128, 128, 96), (2.5, 2.5, 2.5)
+DEMO_SLICES = [
+    ("slice", "2.0 mm", {"spacing": (2.5, 2.5, 2.0), "shape": (128, 128, 120)}),
+    ("slice", "3.0 mm", {"spacing": (2.5, 2.5, 3.0), "shape": (128, 128, 80)}),
+]
 GRADED = [
     ("noise", "26 HU", {"scanner": {"noise_hu": 26.0}}),
     ("noise", "32 HU", {"scanner": {"noise_hu": 32.0}}),
@@ -54,13 +65,14 @@ GRADED = [
 ]
 
 
-def cohort(out: Path, name: str, n: int, prevalence: float, seed: int, **kw) -> Path:
+def cohort(out: Path, name: str, n: int, prevalence: float, seed: int, demo: bool = False, **kw) -> Path:
     folder = out / "cohorts" / name
     dl = folder / "datalist.json"
     if not dl.is_file():
-        kw.setdefault("shape", SHAPE)
-        kw.setdefault("spacing", SPACING)
-        make_cohort(folder, n_subjects=n, prevalence=prevalence, seed=seed, formats=("nifti",), progress=False, **kw)
+        kw.setdefault("shape", DEMO_SHAPE if demo else SHAPE)
+        kw.setdefault("spacing", DEMO_SPACING if demo else SPACING)
+        fmt = ("dicom",) if demo else ("nifti",)  # as the demo cohort is written (its series info, its HU integers)
+        make_cohort(folder, n_subjects=n, prevalence=prevalence, seed=seed, formats=fmt, progress=False, **kw)
     return dl
 
 
@@ -100,32 +112,44 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--n", type=int, default=30, help="CTs per site")
+    ap.add_argument("--preset", choices=("small", "demo"), default="small",
+                    help="small: train a 5 mm model here; demo: check --run at the demo's 2.5 mm preset")
+    ap.add_argument("--run", default=None, help="with --preset demo: the stage-1 run id to check")
+    ap.add_argument("--store", default=None, help="with --preset demo: that run's output_dir (its mlflow.db)")
+    ap.add_argument("--num-workers", type=int, default=0)
     args = ap.parse_args()
+    demo = args.preset == "demo"
+    if demo and not (args.run and args.store):
+        ap.error("--preset demo needs --run and --store")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     t0 = time.time()
-    train_dl = cohort(out, "train", 200, 0.4, 1)
-    run = train(out, train_dl, args.epochs)
-    store = out / "model"
+    if demo:
+        run, store = args.run, Path(args.store).resolve()
+    else:
+        run = train(out, cohort(out, "train", 200, 0.4, 1), args.epochs)
+        store = out / "model"
     uri = f"sqlite:///{store / 'mlflow.db'}"
+    qc = QCConfig() if demo else QCConfig(**QC)
     print(f"model {run} ({time.time() - t0:.0f} s)", flush=True)
     sites = []
-    same = cohort(out, "same", 100, 0.4, 2)
-    prev = cohort(out, "prevalence", 100, 0.11, 3)
+    same = cohort(out, "same", 100, 0.4, 2, demo)
+    prev = cohort(out, "prevalence", 100, 0.11, 3, demo)
     (out / "draws").mkdir(exist_ok=True)
     for i in range(args.draws):
         sites.append((f"same/{i}", "same", "", draw(same, args.n, i, out / "draws")))
         sites.append((f"prevalence/{i}", "prevalence", "0.11", draw(prev, args.n, i, out / "draws")))
-    for j, (kind, label, kw) in enumerate(GRADED):
+    graded = [g for g in GRADED if g[0] != "slice"] + DEMO_SLICES if demo else GRADED
+    for j, (kind, label, kw) in enumerate(graded):
         sites.append((f"{kind}/{label}", kind, label, cohort(out, f"{kind}_{label.replace(' ', '')}", args.n, 0.4,
-                                                              10 + j, **kw)))
+                                                              10 + j, demo, **kw)))
     for key, kind, label, dl in sites:
         if key in results:
             continue
         t1 = time.time()
-        res = site_check(run, dl, tracking_uri=uri, output_dir=store, qc=QCConfig(**QC), log=False)
+        res = site_check(run, dl, tracking_uri=uri, output_dir=store, qc=qc, log=False, num_workers=args.num_workers)
         results[key] = {"kind": kind, "label": label, "verdict": res.verdict, "prevalence": res.prevalence,
                         "tests": {k: v["pvalue"] for k, v in res.tests.items()},
                         "acquisition": {k: [v["outside"], v["n"], v["pvalue"]] for k, v in res.acquisition.items()},
