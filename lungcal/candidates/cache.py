@@ -263,9 +263,9 @@ def _hash_file(h, f: Path, mode: str) -> None:
 
 #: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint);
 #: detector_config.py maps a detector's config to the detector, and that config is in the key itself;
-#: acquisition.py measures a CT for the series-check report, it changes no voxel of a bag
-_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "cache.py", "bagfile.py", "evaluate.py", "froc.py",
-                "detector_config.py", "acquisition.py"}
+#: acquisition.py measures a CT for the series-check report and qc_checks.py judges it; neither changes a voxel
+_NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "qc_checks.py", "cache.py", "bagfile.py", "evaluate.py",
+                "froc.py", "detector_config.py", "acquisition.py"}
 #: opt-in detectors of lungcal.candidates: not in the fingerprint of every bag (the default pipeline's
 #: bags do not depend on them), but in the key of each bag one of them makes (:func:`detector_code`)
 OPT_IN_DETECTORS = {"subsolid.py"}

@@ -102,6 +102,16 @@ def test_derived_images_can_be_refused_and_reformats_are_not_axial(phantom):
     assert check_series(hu, spacing=SPACING, info=info, derived="fail")["series_type"].verdict == "fail"
     coronal = check_series(hu, spacing=(0.7, 2.5, 0.7))["series_type"]  # thick along y: coronal slices
     assert coronal.verdict == "fail" and "coronal" in coronal.value
+    sagittal = check_series(hu, spacing=(2.0, 0.7, 0.7))["series_type"]  # square pixels in y-z: sagittal
+    assert sagittal.verdict == "fail" and "sagittal" in sagittal.value
+
+
+@pytest.mark.parametrize("spacing", [(0.78, 0.78, 0.625), (0.7, 0.7, 0.5), (2.5, 2.5, 2.0), (0.7, 0.75, 2.5)])
+def test_thin_slices_under_larger_pixels_are_still_axial(phantom, spacing):
+    """A screening protocol's 0.625 mm slices under 0.78 mm pixels (a 400 mm field of view) are thinner than the
+    pixels: the square in-plane pixels, not the thickest axis, say which plane the slices are in."""
+    hu, _, _ = phantom
+    assert check_series(hu, spacing=spacing)["series_type"].verdict == "pass"
 
 
 @pytest.mark.parametrize("extra, verdict", [({"n_gaps": 1}, "fail"), ({"resampled": True}, "warn"),
