@@ -3,6 +3,7 @@
 - ``stage1.py``: :class:`TrackedStage1` (open or resume -> train -> evaluate -> post-hoc child runs ->
   paired differences -> summary), the settings it takes from a bundle (:class:`Store`, :class:`Evaluation`);
 - ``summary.py``: the lines a run prints when it ends.
+- ``stages.py``: the lines a run logs as each stage starts and ends, and its ``[plan]`` line.
 """
 from lungcal.workflow.stage1 import (
     Evaluation,
