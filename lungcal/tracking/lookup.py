@@ -70,6 +70,12 @@ def artifact_checkpoint(tracking_uri: str, run, artifact: str = "checkpoint/best
                           fix="pick a FINISHED run of a stage-1 bundle (bundles/nlst_*.json)") from exc
 
 
+def _has_artifact(client: MlflowClient, run_id: str, path: str) -> bool:
+    """Whether the run holds the artifact ``folder/name`` (listed, not downloaded)."""
+    folder, name = path.rsplit("/", 1)
+    return name in {Path(f.path).name for f in client.list_artifacts(run_id, folder)}
+
+
 def run_acquisition_summary(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
     """The acquisition summary of a stage-1 run's training split (its ``data/acquisition.json``), or ``None``
     for a run that logged none (runs made before issue 32, CIFAR runs).
@@ -87,8 +93,7 @@ def run_acquisition_summary(tracking_uri: str, run_id: str) -> dict[str, Any] | 
     except Exception as exc:  # noqa: BLE001 - MLflow raises its own exception types
         raise ConfigError(f"no MLflow run {run_id!r} in {tracking_uri}", field="run",
                           fix="copy a stage-1 run id from `mlflow ui` (with --tracking-uri for another store)") from exc
-    folder, name = ACQUISITION_ARTIFACT.rsplit("/", 1)
-    if name not in {Path(f.path).name for f in client.list_artifacts(run_id, folder)}:
+    if not _has_artifact(client, run_id, ACQUISITION_ARTIFACT):
         return None
     return json.loads(Path(client.download_artifacts(run_id, ACQUISITION_ARTIFACT)).read_text())
 
@@ -97,8 +102,7 @@ def run_site_reference(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
     """What a stage-1 run's network made of its validation split (its ``data/site_reference.npz``: ``scores``,
     ``labels``, ``features``), or ``None`` for a run that logged none (runs made before site checks)."""
     client = MlflowClient(tracking_uri)
-    folder, name = SITE_REFERENCE_ARTIFACT.rsplit("/", 1)
-    if name not in {Path(f.path).name for f in client.list_artifacts(run_id, folder)}:
+    if not _has_artifact(client, run_id, SITE_REFERENCE_ARTIFACT):
         return None
     with np.load(client.download_artifacts(run_id, SITE_REFERENCE_ARTIFACT)) as z:
         return {k: z[k] for k in z.files}
