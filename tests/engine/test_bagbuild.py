@@ -131,7 +131,7 @@ def test_a_running_scheduler_given_by_address_builds_the_same_entries(local_buil
         assert all(np.array_equal(arrays[k], v) for k, v in local[name].items()), name
 
 
-def test_the_series_checks_and_the_bags_are_tasks_of_the_runner(local_build, tiny_cohort, tmp_path):
+def test_the_series_checks_and_the_bags_are_one_task_per_ct_on_the_runner(local_build, tiny_cohort, tmp_path):
     class Recording(LocalRunner):
         calls: list = []
 
@@ -143,7 +143,7 @@ def test_the_series_checks_and_the_bags_are_tasks_of_the_runner(local_build, tin
     n = len([r for r in load_manifest(tiny_cohort) if r["split"] == "test"])
     runner = Recording(0)
     report = build_cohort(training_cohort(tiny_cohort, tmp_path), ("test",), runner, progress=False)
-    assert runner.calls == [("screen_one", n), ("build_entry", n)]
+    assert runner.calls == [("check_and_bag", n)]
     assert len(list((tmp_path / "cache" / "qc").glob("*.json"))) == n
     assert (report.total, report.built, report.cached, report.failures) == (n, 0, n, [])
 

@@ -5,9 +5,10 @@
 ``patch_size``, ``qc`` and ``output_dir``, with any override files merged as
 ``monai.bundle`` merges them), or one from a plain JSON of bag parameters (the
 :class:`~lungcal.candidates.cache.BagParams` fields, as a stage-1 checkpoint stores them).
-:func:`build_cohort` runs the series checks (when the bundle has ``qc``: their reports are cached
-as a training run's), then one :func:`~lungcal.candidates.cache.build_entry` task per row, both on
-a runner: :class:`LocalRunner` (in-process or a process pool, as training builds) or
+:func:`build_cohort` runs one task per row on a runner: with the bundle's ``qc``, the series checks
+and the bag on one read (:func:`~lungcal.engine.data.checked_bags.check_and_bag`, the reports cached
+as a training run's), else :func:`~lungcal.candidates.cache.build_entry`. The runner is
+:class:`~lungcal.engine.data.runners.LocalRunner` (in-process or a process pool, as training builds) or
 ``lungcal.engine.data.dask_bags.DaskRunner`` (a ``dask.distributed`` cluster; optional extra
 ``[cluster]``). The tasks, hence the cache keys and entries, are the ones training would
 compute, so a training run afterwards builds nothing. Entries already present are verified and
@@ -16,16 +17,12 @@ row index and pseudonym (never the path), and the command then exits 2.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
-import multiprocessing as mp
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
-import torch
 from monai.bundle import ConfigParser
 from tqdm.auto import tqdm
 
@@ -33,16 +30,14 @@ from lungcal.candidates.cache import BagParams, build_entry, row_failure
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCReport
 from lungcal.data.manifest import load_manifest, rows_for_split
+from lungcal.engine.data.checked_bags import check_and_bag_rows
 from lungcal.engine.data.cohort import SPLITS, CTCohort
+from lungcal.engine.data.runners import LocalRunner, Runner
 from lungcal.engine.data.series_qc import keep_passing, screen_one
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime.exit_hook import find_lungcal_error
 
 __all__ = ["BuildReport", "LocalRunner", "bag_tasks", "build_cohort", "check_series_on", "cohort_from_params"]
-
-#: one task's outcome: (task index, result or None, exception or None)
-Outcome = tuple[int, Any, "BaseException | None"]
-
 
 def cohort_from_params(params: str | os.PathLike | Sequence[str | os.PathLike], datalist: str | None,
                        output_dir: str | None = None, num_workers: int | None = None) -> CTCohort:
@@ -91,57 +86,6 @@ def cohort_from_params(params: str | os.PathLike | Sequence[str | os.PathLike], 
         raise ConfigError(f"the bundle's cohort is a {type(cohort).__name__}, not a CTCohort", field="cohort",
                           fix="use a CT bundle (bundles/nlst_*.json)")
     return cohort
-
-
-def _init_worker() -> None:  # one BLAS/torch thread per worker process, as the training builder
-    torch.set_num_threads(1)
-
-
-class Runner(Protocol):
-    """What runs the bag tasks: :class:`LocalRunner` or :class:`~lungcal.engine.data.dask_bags.DaskRunner`."""
-
-    def __enter__(self) -> Runner: ...
-
-    def __exit__(self, *exc: Any) -> None: ...
-
-    def describe(self) -> str: ...
-
-    def run(self, fn: Callable, tasks: Sequence[tuple]) -> Iterator[Outcome]: ...
-
-
-class LocalRunner:
-    """Tasks on this machine: in-process (``num_workers = 0``) or a pool of worker processes."""
-
-    def __init__(self, num_workers: int = 0) -> None:
-        self.num_workers = int(num_workers)
-
-    def __enter__(self) -> LocalRunner:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def describe(self) -> str:
-        return "in-process" if self.num_workers <= 0 else f"{self.num_workers} local processes"
-
-    def run(self, fn: Callable, tasks: Sequence[tuple]) -> Iterator[Outcome]:
-        if self.num_workers <= 0 or len(tasks) <= 1:
-            for i, args in enumerate(tasks):
-                try:
-                    yield i, fn(*args), None
-                except Exception as e:
-                    yield i, None, e
-            return
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else None)
-        with cf.ProcessPoolExecutor(max_workers=self.num_workers, mp_context=ctx, initializer=_init_worker) as ex:
-            futs = {ex.submit(fn, *args): i for i, args in enumerate(tasks)}
-            try:
-                for fut in cf.as_completed(futs):
-                    exc = fut.exception()
-                    yield futs[fut], None if exc else fut.result(), exc
-            finally:
-                for f in futs:
-                    f.cancel()
 
 
 @dataclass
@@ -208,15 +152,44 @@ def check_series_on(runner: Runner, cohort: CTCohort, splits: Sequence[str] = SP
 def build_cohort(cohort: CTCohort, splits: Sequence[str] = SPLITS, runner: Runner | None = None,
                  progress: bool = True) -> BuildReport:
     """Build (or verify) the cache entry of every row of ``splits`` that passes the series checks, on
-    ``runner`` (default: the cohort's ``num_workers`` local processes), the checks first on the same
-    runner; the rows a training run would skip are skipped (count and reasons printed, as there).
-    Returns a :class:`BuildReport` (no raise on failures)."""
+    ``runner`` (default: the cohort's ``num_workers`` local processes). With the cohort's ``qc`` the
+    checks and the bag of a CT are one task on one read
+    (:func:`~lungcal.engine.data.checked_bags.check_and_bag`), as training does them; the rows a
+    training run would skip are skipped (count and reasons printed, as there). Returns a
+    :class:`BuildReport` (no raise on failures)."""
     runner = runner if runner is not None else LocalRunner(cohort.num_workers)
-    rows, reports = check_series_on(runner, cohort, splits, progress)
-    if reports is not None:
-        rows, _ = keep_passing(rows, reports)
-    tasks = bag_tasks(cohort, rows)
     Path(cohort.cache_dir).mkdir(parents=True, exist_ok=True)
+    rows = [r for s in splits for r in rows_for_split(load_manifest(cohort.datalist_path()), s)]
+    if cohort.qc is None:
+        return _build_bags_on(runner, cohort, rows, progress)
+    train = BagParams.from_any(cohort.train_bag_params)
+    params = BagParams.from_any(cohort.bag_params)
+    params.resolved()  # validate before anything is sent anywhere
+    results, errors = check_and_bag_rows(
+        rows, [train if r.get("split") == "train" else params for r in rows], cohort.qc,
+        cohort.masker or LungMasker(), str(cohort.output_dir / "cache" / "qc"), str(cohort.cache_dir),
+        cohort.preprocess, runner=runner, progress=progress)
+    reports = [None if c is None else c.report for c in results]
+    kept, _ = keep_passing(rows, reports)
+    passing = {id(r) for r in kept}
+    report = BuildReport(total=len(kept), where=runner.describe())
+    index = 0
+    for i, (row, c) in enumerate(zip(rows, results)):
+        if id(row) not in passing:
+            continue
+        if i in errors:
+            report.failures.append(row_failure(row, index, errors[i]))
+        elif c is not None and c.built:
+            report.built += 1
+        else:
+            report.cached += 1
+        index += 1
+    return report
+
+
+def _build_bags_on(runner: Runner, cohort: CTCohort, rows: list[dict], progress: bool) -> BuildReport:
+    """The bags of ``rows`` (no series checks) as ``runner`` tasks."""
+    tasks = bag_tasks(cohort, rows)
     report = BuildReport(total=len(rows), where=runner.describe())
     with tqdm(total=len(rows), desc="bags", unit="CT", disable=not progress or not rows) as bar:
         for i, value, exc in runner.run(build_entry, tasks):

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lungcal.candidates.cache import BagParams, build_bags, load_bag, masker_config
+from lungcal.candidates.cache import BagParams, build_bags, load_bag, masker_config, row_failure
 from lungcal.candidates.detector_config import detector_bag_params
 from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
 from lungcal.ct.masking import LungMasker
@@ -45,6 +45,8 @@ from lungcal.data.synthetic import ensure_demo_cohort
 from lungcal.data.synthetic.scanners import resolve_mix
 from lungcal.engine.data.bagset import BagSet
 from lungcal.engine.data.bagstream import stream_split
+from lungcal.engine.data.checked_bags import check_and_bag_rows
+from lungcal.engine.data.runners import LocalRunner
 from lungcal.engine.data.series_qc import acquisitions, keep_passing, qc_csv_rows, screen, write_qc_csv
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import default_output_dir
@@ -212,36 +214,70 @@ class CTCohort:
 
     def rows(self, splits: Sequence[str] = SPLITS) -> list[dict]:
         """The datalist rows of ``splits`` whose bags a run builds (the series checks' failures left out)."""
+        wanted = self._wanted(splits)
+        if self.qc is not None:
+            return self._screen(wanted)
+        self.acquired.update({_row_key(r): (r, None) for r in wanted})  # not measured: no series checks
+        return wanted
+
+    def _wanted(self, splits: Sequence[str]) -> list[dict]:
+        """The datalist rows of ``splits`` (nothing checked yet); notes the source, digest and site."""
         path = self.datalist_path()
         rows = load_manifest(path)
         self.source = manifest_source(path) if self.datalist not in (None, "", "synthetic") else "synthetic"
         self.digest = file_digest(path)
         sites = sorted({str(r.get("site", "")) for r in rows if r.get("site")})
         self.site = ",".join(sites) if sites else "unknown"
-        wanted = [r for s in splits for r in rows_for_split(rows, s)]
-        if self.qc is not None:
-            return self._screen(wanted)
-        self.acquired.update({_row_key(r): (r, None) for r in wanted})  # not measured: no series checks
-        return wanted
+        return [r for s in splits for r in rows_for_split(rows, s)]
 
     def load(self, splits: Sequence[str] = SPLITS) -> CTCohort:
-        """Build (or reuse) the bags of ``splits`` once; later calls return at once."""
+        """Build (or reuse) the bags of ``splits`` once; later calls return at once. With ``qc`` the
+        series checks run inside the bag pass, one read and one lung mask per CT
+        (:mod:`lungcal.engine.data.checked_bags`)."""
         if all(s in self.splits for s in splits):
             return self
         with rank_zero_first():  # under torchrun rank 0 makes the cohort and the caches, then the others read them
-            rows = self.rows(splits)
-            train = self.train_bag_params  # the train split's own entries when the kernel augmentation is on
-            soft = [train != self.bag_params and r.get("split") == "train" for r in rows]
-            groups = [(self.bag_params, [r for r, t in zip(rows, soft) if not t]),
-                      (train, [r for r, t in zip(rows, soft) if t])]
-            with stage("bags", f"{len(rows)} CTs (cached ones are read back)"):
-                built = [e for params, group in groups if group
-                         for e in build_bags(group, params, self.cache_dir, num_workers=self.num_workers,
-                                             preprocess=self.preprocess, progress=is_rank_zero())]
+            if self.qc is not None:
+                built = self._checked_bags(self._wanted(splits))
+            else:
+                rows = self.rows(splits)
+                train = self.train_bag_params  # the train split's own entries when the kernel augmentation is on
+                soft = [train != self.bag_params and r.get("split") == "train" for r in rows]
+                groups = [(self.bag_params, [r for r, t in zip(rows, soft) if not t]),
+                          (train, [r for r, t in zip(rows, soft) if t])]
+                with stage("bags", f"{len(rows)} CTs (cached ones are read back)"):
+                    built = [e for params, group in groups if group
+                             for e in build_bags(group, params, self.cache_dir, num_workers=self.num_workers,
+                                                 preprocess=self.preprocess, progress=is_rank_zero())]
         for s in splits:
             entries = [e for e in built if e.get("split") == s]
             self.splits[s] = stream_split(entries) if self.stream_bags and s == "train" else load_split(entries)
         return self
+
+    def _params_of(self, row: Mapping[str, Any]) -> BagParams:
+        """A row's bag parameters: the train split's (kernel augmentation) or everyone's."""
+        return BagParams.from_any(self.train_bag_params if row.get("split") == "train" else self.bag_params)
+
+    def _checked_bags(self, rows: list[dict]) -> list[dict]:
+        """The series checks and the bags of ``rows`` in one pass (one read per CT): the rows that
+        failed no check, each with its ``bag``; the failures' table printed, as :meth:`_screen` does.
+        A CT that cannot be bagged raises the :class:`DataError` naming its row and pseudonym."""
+        masker = self.masker or LungMasker()  # what the QC cache is keyed by, as in _screen
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with stage("series checks and bags", f"{len(rows)} CTs, one read each (cached ones are read back)"):
+            results, errors = check_and_bag_rows(
+                rows, [self._params_of(r) for r in rows], self.qc or QCConfig(), masker,
+                str(self.output_dir / "cache" / "qc"), str(self.cache_dir), self.preprocess,
+                runner=LocalRunner(self.num_workers), progress=is_rank_zero(), stop_on_error=True)
+        if errors:
+            i = min(errors)
+            raise row_failure(rows[i], i, errors[i]) from errors[i]
+        reports = [None if c is None else c.report for c in results]
+        self.qc_rows = qc_csv_rows(rows, reports)
+        kept, self.skipped = keep_passing(rows, reports, show=is_rank_zero())
+        self.acquired.update({_row_key(r): (r, a) for r, rep, a in zip(rows, reports, acquisitions(reports))
+                              if rep is None or not rep.failed})
+        return [{**r, "bag": c.bag} for r, c in zip(rows, results) if c is not None and c.bag is not None]
 
     def _screen(self, rows: list[dict]) -> list[dict]:
         """Run (or read back) the series checks; keep the rows that failed none."""

@@ -41,8 +41,8 @@ from lungcal.ct.qc import QCCheck, QCConfig, QCReport, check_series
 from lungcal.errors import DataError, LungcalError
 from lungcal.paths import atomic_write, atomic_write_text
 
-__all__ = ["QC_VERSION", "qc_key", "screen", "screen_one", "skipped_table", "qc_csv_rows", "write_qc_csv",
-           "refuse_failed", "log_warnings", "acquisitions"]
+__all__ = ["QC_VERSION", "qc_key", "screen", "screen_one", "report_path", "read_report", "store_report",
+           "skipped_table", "qc_csv_rows", "write_qc_csv", "refuse_failed", "log_warnings", "acquisitions"]
 
 logger = logging.getLogger(__name__)
 
@@ -197,22 +197,47 @@ def _ct_fingerprint() -> str:
 def screen_one(source: str, series_uid: str | None, cfg: QCConfig, masker: Masker, root: str) -> QCReport | None:
     """The cached report of one CT, computed and stored under ``root`` when missing (one task of
     :func:`screen`, and of ``lungcal build-bags`` on a cluster); ``None`` when the image cannot be read."""
-    try:
-        path = Path(root) / f"{qc_key(source, cfg, masker, series_uid)}.json"
-    except OSError:
+    path = report_path(source, series_uid, cfg, masker, root)
+    if path is None:
         return None  # a missing image: the bag builder names the row
-    if path.is_file():
-        try:
-            return _from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            logger.warning("re-running the series checks of a corrupt cache entry %s", path.name)
+    cached = read_report(path)
+    if cached is not None:
+        return cached
     try:
         report = check_series(source, config=cfg, masker=masker, series_uid=series_uid)
     except LungcalError:
         return None
+    store_report(path, report)
+    return report
+
+
+def report_path(source: str, series_uid: str | None, cfg: QCConfig, masker: Masker, root: str | os.PathLike
+                ) -> Path | None:
+    """Where the report of ``source`` under ``cfg`` and ``masker`` is cached (None: the image is missing)."""
+    try:
+        return Path(root) / f"{qc_key(source, cfg, masker, series_uid)}.json"
+    except OSError:
+        return None
+
+
+def read_report(path: Path) -> QCReport | None:
+    """The cached report at ``path``; None when there is none (a corrupt or older entry counts as none)."""
+    if not path.is_file():
+        return None
+    try:
+        return _from_json(json.loads(path.read_text()))
+    except ValueError as e:
+        if str(e) != "old version":
+            logger.warning("re-running the series checks of a corrupt cache entry %s", path.name)
+    except (KeyError, TypeError):
+        logger.warning("re-running the series checks of a corrupt cache entry %s", path.name)
+    return None
+
+
+def store_report(path: Path, report: QCReport) -> None:
+    """Cache ``report`` at ``path`` atomically, without the path it was read from."""
     report.name = None  # never store the path
     atomic_write_text(path, json.dumps(_to_json(report), sort_keys=True))
-    return report
 
 
 def _to_json(report: QCReport) -> dict[str, Any]:
