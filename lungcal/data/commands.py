@@ -49,6 +49,7 @@ def _cmd_synth(args) -> int:
                        spacing=_floats(spacing, 3, "spacing"), formats=tuple(args.formats.split(",")),
                        scanner=scanner, scanner_mix=args.scanner_mix or None,
                        nodule_types=args.nodule_types, masses=args.masses, splits=_floats(args.splits, 3, "splits"),
+                       dicom_splits=args.dicom_splits.split(",") if args.dicom_splits else None,
                        num_workers=args.workers)
     print(f"wrote {path}")
     return 0
@@ -110,7 +111,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shape", default="128,128,96", help="voxels X,Y,Z (default 128,128,96)")
     p.add_argument("--spacing", default=None, help="mm (default 2.5,2.5,2.5); pins one scanner's grid")
-    p.add_argument("--formats", default="dicom,nifti", help="dicom and/or nifti; the datalist uses the first")
+    p.add_argument("--formats", default="dicom,nifti",
+                   help="dicom, nifti (.nii.gz) and/or nii (plain .nii, fastest to read); the datalist uses the first")
+    p.add_argument("--dicom-splits", default=None, metavar="SPLITS",
+                   help="write only these splits' CTs as DICOM series and the others in the NIfTI format of --formats "
+                        "(e.g. --formats nii,dicom --dicom-splits test, as the built-in demo does)")
     p.add_argument("--site", default="synthetic", help="site name in the rows")
     p.add_argument("--noise-hu", type=float, default=None, help="image noise SD in HU (default 20); pins one scanner")
     p.add_argument("--kernel-mm", type=float, default=None,

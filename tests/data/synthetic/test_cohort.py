@@ -144,7 +144,8 @@ def test_ensure_demo_cohort_generates_once(tmp_path):
 def test_presets():
     assert COHORT_PRESETS["demo"] is DEMO_DEFAULTS and COHORT_PRESETS["study"] is STUDY_DEFAULTS
     assert DEMO_DEFAULTS == {"n_subjects": 1000, "prevalence": 0.4, "seed": 0, "shape": (128, 128, 96),
-                             "spacing": (2.5, 2.5, 2.5), "formats": ("dicom",)}  # the demo never changes silently
+                             "spacing": (2.5, 2.5, 2.5), "formats": ("nii", "dicom"),
+                             "dicom_splits": ("test",)}  # the demo never changes silently
     assert STUDY_DEFAULTS["prevalence"] == 0.11 and STUDY_DEFAULTS["seed"] != DEMO_DEFAULTS["seed"]
     # the study's split fractions give about 1000 / 1000 / 1500 CTs at its prevalence
     rng = np.random.default_rng(0)
@@ -161,6 +162,31 @@ def test_ensure_study_cohort(tmp_path):
     assert params["prevalence"] == 0.11 and params["seed"] == STUDY_DEFAULTS["seed"]
     np.testing.assert_allclose(params["splits"], [1000 / 3500, 1000 / 3500, 1500 / 3500])
     assert ensure_cohort("study", tmp_path, progress=False, n_subjects=7, **TINY) == p
+
+
+def test_dicom_splits_write_those_cts_as_dicom_and_the_rest_as_plain_nifti_of_the_same_volumes(tmp_path):
+    small = dict(n_subjects=10, prevalence=0.5, seed=2, shape=(48, 48, 32), spacing=(6.0, 6.0, 8.0), num_workers=2,
+                 progress=False)
+    mixed = make_cohort(tmp_path / "mixed", formats=("nii", "dicom"), dicom_splits=("test",), **small)
+    plain = make_cohort(tmp_path / "plain", formats=("nii",), **small)
+    rows, ref = load_manifest(mixed), {r["subject"]: r for r in load_manifest(plain)}
+    assert {r["split"] for r in rows} == {"train", "val", "test"}
+    for r in rows:
+        image = mixed.parent / r["image"]
+        if r["split"] == "test":
+            assert image.is_dir() and len(list(image.glob("*.dcm"))) == 32, r  # a DICOM series, no NIfTI left
+            assert not (mixed.parent / "nifti" / f"{r['ct']}.nii").exists()
+        else:
+            assert r["image"].endswith(".nii") and image.is_file()
+        a, b = load_ct(image), load_ct(plain.parent / ref[r["subject"]]["image"])
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # the same CT, whatever the format
+        np.testing.assert_allclose(a.affine.numpy(), b.affine.numpy(), atol=1e-4)
+        assert r["split"] == ref[r["subject"]]["split"] and r["label"] == ref[r["subject"]]["label"]
+    assert json.loads((mixed.parent / "cohort.json").read_text())["dicom_splits"] == ["test"]
+    with pytest.raises(ConfigError, match="dicom_splits needs 'dicom'"):
+        make_cohort(tmp_path / "x", formats=("nii",), dicom_splits=("test",), **small)
+    with pytest.raises(ConfigError, match="dicom_splits must name splits"):
+        make_cohort(tmp_path / "x", formats=("nii", "dicom"), dicom_splits=("holdout",), **small)
 
 
 def test_bad_parameters():
