@@ -16,6 +16,7 @@ name and content hash, never by row contents.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit
 
 import matplotlib.pyplot as plt
 import torch
+from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from sqlalchemy import create_engine
@@ -247,6 +249,16 @@ def _first_line(exc: BaseException) -> str:
     return redact_uri(str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__)
 
 
+def store_creation_lock(uri: str) -> contextlib.AbstractContextManager:
+    """A lock held while a process opens a SQLite store for the first time: MLflow creates and migrates a
+    new database's tables on first use, and two processes doing it at once on the same new file fail
+    ("Online migration expected to match one row ..."). A file lock beside the database
+    (``<db>.lock``); other stores need none (nothing for a server, and a team database is made once)."""
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    return FileLock(uri[len("sqlite:///"):] + ".lock", timeout=600)
+
+
 def open_store(uri: str) -> MlflowClient:
     """A client on ``uri`` whose store exists: checked (:func:`check_tracking_uri`), tables created.
 
@@ -258,8 +270,9 @@ def open_store(uri: str) -> MlflowClient:
     """
     check_tracking_uri(uri)
     try:
-        client = MlflowClient(tracking_uri=uri)  # a database store connects here
-        client.search_experiments(max_results=1)
+        with store_creation_lock(uri):
+            client = MlflowClient(tracking_uri=uri)  # a database store connects here
+            client.search_experiments(max_results=1)
     except Exception as exc:  # noqa: BLE001 - any backend failure is a tracking error
         raise TrackingError(f"cannot open MLflow store {redact_uri(uri)!r}: {_first_line(exc)}",
                             field="tracking_uri",
@@ -304,8 +317,9 @@ class RunTracker:
         self.experiment_name = experiment
         self.run_name = run_name
         try:
-            self.client = MlflowClient(tracking_uri=self.tracking_uri)
-            self.experiment_id = self._get_or_create_experiment(experiment)
+            with store_creation_lock(self.tracking_uri):  # two runs starting at once on a new store
+                self.client = MlflowClient(tracking_uri=self.tracking_uri)
+                self.experiment_id = self._get_or_create_experiment(experiment)
             try:
                 reap_orphaned_runs(self.client, [self.experiment_id])
             except Exception:  # noqa: BLE001 - housekeeping must never stop a run

@@ -1,6 +1,8 @@
 """RunTracker: names, statuses, privacy filtering, parent links (against a real SQLite store)."""
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -108,3 +110,26 @@ def test_run_acquisition_summary_reads_what_a_stage1_run_logged(tmp_path):
     assert run_acquisition_summary(uri, older) is None  # a run made before the summary existed
     with pytest.raises(ConfigError, match="no MLflow run"):
         run_acquisition_summary(uri, "0" * 32)
+
+
+def _open_at_once(uri: str, name: str, barrier) -> str:
+    barrier.wait()  # every process opens the new store at the same moment
+    try:
+        with RunTracker("cifar10lt", name, tracking_uri=uri):
+            pass
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_runs_started_at_once_on_a_new_sqlite_store_all_open_it(tmp_path):
+    """Two study lanes started together on a fresh store raced MLflow's table creation ("Online migration
+    expected to match one row"); the creation lock beside the database serialises the first opening."""
+    ctx = mp.get_context("fork")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    barrier = ctx.Manager().Barrier(3)
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(_open_at_once, [(uri, f"lane{i}", barrier) for i in range(3)])
+    assert results == ["ok", "ok", "ok"]
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("cifar10lt").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["lane0", "lane1", "lane2"]
