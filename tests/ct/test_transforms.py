@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from monai.transforms import Compose
+from monai.data import MetaTensor
+from monai.transforms import Compose, Spacingd
 
 from lungcal.ct.io import load_ct
 from lungcal.ct.masking import LungMasker
@@ -12,6 +13,7 @@ from lungcal.ct.transforms import (
     DEFAULT_HU_WINDOW,
     HUWindowd,
     LungMaskd,
+    SeparableSpacingd,
     build_preprocess,
     hu_window,
     lung_bbox,
@@ -168,3 +170,47 @@ def test_lung_mask_settings_reach_the_built_in_masker(phantom):
     np.testing.assert_array_equal(a, b)
     with pytest.raises(ConfigError, match="bad lung mask setting"):
         lung_mask(hu, SPACING, no_such_setting=1)
+
+
+# --- resampling in bounded memory -------------------------------------------------------------------------------
+def _volume(affine: np.ndarray, shape=(40, 36, 12), seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    hu = torch.as_tensor(rng.normal(-500, 300, (1, *shape)).astype(np.float32))
+    mask = torch.as_tensor((rng.random((1, *shape)) > 0.5).astype(np.float32))
+    return {"image": MetaTensor(hu, affine=torch.as_tensor(affine)),
+            "lung_mask": MetaTensor(mask, affine=torch.as_tensor(affine))}
+
+
+SPACING_KW = {"mode": ("bilinear", "nearest"), "padding_mode": "border", "dtype": np.float32}
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+def test_separable_spacing_gives_spacingd_geometry_and_values_in_bounded_chunks(rotated):
+    """0.7 x 0.7 x 2.5 mm to 1 mm (a 2.5 mm scan at the full-resolution preset), far above max_voxels: the
+    same affine and shape as MONAI's Spacingd, values within float rounding, the nearest mask equal."""
+    affine = np.diag([0.7, 0.7, 2.5, 1.0])
+    affine[:3, 3] = (-14.0, 3.0, -15.0)
+    if rotated:  # an oblique scan: the map is no longer per axis, and the slabs of AffineTransform take over
+        c, s = np.cos(0.3), np.sin(0.3)
+        affine[:3, :3] = np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]) @ affine[:3, :3]
+    data = _volume(affine)
+    want = Spacingd(("image", "lung_mask"), pixdim=(1.0, 1.0, 1.0), **SPACING_KW)(dict(data))
+    got = SeparableSpacingd(("image", "lung_mask"), pixdim=(1.0, 1.0, 1.0), max_voxels=500, **SPACING_KW)(dict(data))
+    for key in ("image", "lung_mask"):
+        assert got[key].shape == want[key].shape
+        np.testing.assert_allclose(got[key].affine.numpy(), want[key].affine.numpy(), atol=1e-9)
+    np.testing.assert_allclose(got["image"].numpy(), want["image"].numpy(), atol=0.05)  # HU
+    if not rotated:
+        assert torch.equal(got["lung_mask"].as_tensor(), want["lung_mask"].as_tensor())
+    assert torch.equal(data["image"].as_tensor(), _volume(affine)["image"].as_tensor())  # the input is untouched
+
+
+def test_separable_spacing_leaves_a_small_output_to_spacingd_bit_for_bit():
+    """The default 2.5 mm preset's outputs stay under max_voxels: exactly MONAI's Spacingd, so its bags do not move."""
+    affine = np.diag([0.7, 0.7, 2.5, 1.0])
+    data = _volume(affine)
+    want = Spacingd(("image", "lung_mask"), pixdim=(2.5, 2.5, 2.5), **SPACING_KW)(dict(data))
+    got = SeparableSpacingd(("image", "lung_mask"), pixdim=(2.5, 2.5, 2.5), **SPACING_KW)(dict(data))
+    for key in ("image", "lung_mask"):
+        assert torch.equal(got[key].as_tensor(), want[key].as_tensor())
+        assert torch.equal(got[key].affine, want[key].affine)
