@@ -75,13 +75,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # (0.61-1.00 for 0.11); without it (seeds 0-1): A AUC 0.79-0.85, B AUC 0.52 (the guard fails), shipped
 # 0.69-0.77, auto passes, EM 1.00. The augmentation costs in-domain ranking, so it ships off; the
 # test stays as the issue states it.
-# 2026-12-02 (fourth session), seed 0, docs/results.md "Resolution harmonization": detector log_weight
+# 2026-12-02, seed 0, docs/results.md "Resolution harmonization": detector log_weight
 # 0.02 (fewer pleural false positives on B): A 0.732, B AUC 0.616, shipped 0.750, auto p 0.016, EM 1.000;
 # harmonize 1.5 mm: A 0.799, B 0.606, shipped 0.378, auto p < 0.001, prior 0.079, EM 1.000; harmonize
 # 2.0 mm: A 0.685, B 0.625, shipped 0.165, auto 0.043 (p 0.14), prior 0.027, EM 0.516 -> 0.225 > 0.165:
 # fails at EM only. None passes, so none ships (2.0 mm costs A's AUC; 1.5 mm none measurable on the headline
 # demo over two seeds: the candidate default); the test stays as the issue states it.
-# 2026-12-02 (seventh session), seed 0 as shipped: A 0.785, B AUC 0.505 (guard), shipped 0.719, auto (Platt)
+# 2026-12-02, seed 0 as shipped: A 0.785, B AUC 0.505 (guard), shipped 0.719, auto (Platt)
 # 0.033 (p 0.23), prior 0.168, EM 1.000 -> 0.880. Control (results.md "Two sites: label shift alone": B's population on
 # A's scanner, prevalence the only change): shipped 0.210 (p < 0.001), Platt 0.031 (p 0.21), prior 0.020
 # (p 0.60), EM 0.019 -> 0.073, AUC 0.719: every assertion below holds there. The scanner fails the test.
