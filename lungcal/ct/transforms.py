@@ -330,7 +330,7 @@ class SeparableSpacingd(MapTransform):
                  if isinstance(d[k], MetaTensor)}  # the lazy pass must not touch the inputs
         if len(views) != len(keys):
             return self.spacing(d)
-        planned = self.geometry(dict(views))
+        planned: dict[Hashable, Any] = dict(self.geometry(dict(views)))  # MetaTensors with the op pending
         shapes = {k: tuple(int(n) for n in planned[k].peek_pending_shape()) for k in keys}
         if all(math.prod(shape) <= self.max_voxels for shape in shapes.values()):
             return self.spacing(d)

@@ -276,9 +276,10 @@ def ensure_demo_cohort(root: str | os.PathLike | None = None, progress: bool = T
     seed 0, 128x128x96 voxels at 2.5 mm; the 200 test CTs are DICOM series (so the real DICOM reader
     scores every test CT), the 800 train and validation CTs plain NIfTI (the same volumes, read ~20x
     faster than a 96-file series); about 2 min on two cores and 3.2 GB on disk. A demo folder made
-    before (every CT a DICOM series) is reused as it is. The MIL model is data-hungry: with 120 training CTs it learns nothing (test
-    AUC ~0.45), with 360 it reached 0.64-0.71, with 600 0.69-0.70 (same model; single-orientation
-    logits), and 200 test CTs give a 95% CI of about +-0.07 instead of +-0.09. It lives in
+    before (every CT a DICOM series) is reused as it is. The MIL model is data-hungry: with 120
+    training CTs it learns nothing (test AUC ~0.45), with 360 it reached 0.64-0.71, with 600
+    0.69-0.70 (same model; single-orientation logits), and 200 test CTs give a 95% CI of about
+    +-0.07 instead of +-0.09. It lives in
     ``<root>/synthetic_demo_1000``.
     """
     return ensure_cohort("demo", root, progress, **overrides)
