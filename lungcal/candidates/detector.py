@@ -110,6 +110,12 @@ def _as_volume(x) -> np.ndarray:
     return x
 
 
+#: above this many voxels at a scale, the points above threshold are first reduced to the 3x3x3 maxima
+#: (``maximum_filter``): at 1 mm a lung box has millions of points above threshold, whose (N, 3) index
+#: arrays set the detector's peak memory; the default 2.5 mm grid (about 1 M voxels) skips the filter
+LOCAL_MAX_PREFILTER_VOXELS = 4_000_000
+
+
 def _laplacian(g: np.ndarray, spacing: np.ndarray, slab: int = 16) -> np.ndarray:
     """Laplacian (per mm^2) of ``g`` by central differences with replicated edges, in float32.
 
@@ -427,7 +433,11 @@ class LoGBlobDetector:
                 p_s, p_vox, p_box, p_val, p_dot = pending
                 ok = _not_below(resp, step, p_box, p_val)
                 found.append((p_s[ok], p_vox[ok], p_val[ok], p_dot[ok]))
-            idx = np.argwhere(resp > self.threshold)
+            above = resp > self.threshold
+            if resp.size > LOCAL_MAX_PREFILTER_VOXELS:  # only a 3x3x3 maximum can pass _not_below below: on a
+                above &= resp >= ndimage.maximum_filter(resp, size=3, mode="nearest")  # large grid, keep
+            idx = np.argwhere(above)  # the index arrays small (exact: the same peaks survive either way)
+            del above
             vox = _from_grid(idx, step, vol.shape)
             keep = inner[vox[:, 0], vox[:, 1], vox[:, 2]]
             idx, vox = idx[keep], vox[keep]

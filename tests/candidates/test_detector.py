@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy import ndimage
 
+from lungcal.candidates import detector as detector_module
 from lungcal.candidates.detector import (
     Candidates,
     Detector,
@@ -223,3 +224,17 @@ def test_the_pyramid_and_the_coarse_mask_leave_2_5_mm_alone_and_find_masses_at_1
             j = int(np.argmin(d))
             assert d[j] <= 2.0, (centre, c.voxel)  # at most half a 4-voxel block off
             assert c.radius_mm[j] == pytest.approx(r, rel=0.3)
+
+
+def test_the_local_maximum_prefilter_of_large_grids_keeps_exactly_the_same_candidates(monkeypatch):
+    """On a grid above LOCAL_MAX_PREFILTER_VOXELS only 3x3x3 maxima are indexed (the peak memory of the
+    1 mm preset); the neighbourhood checks keep exactly those anyway, so the candidates are identical."""
+    vol = _phantom(SHAPE, SPACING, BLOBS, noise=0.05)  # noisy: many points above threshold that are no peaks
+    args = (torch.from_numpy(vol)[None], torch.from_numpy(_mask())[None], SPACING, np.diag([*SPACING, 1.0]))
+    det = LoGBlobDetector(top_k=40)
+    plain = det.detect(*args)
+    monkeypatch.setattr(detector_module, "LOCAL_MAX_PREFILTER_VOXELS", 0)  # every scale filtered
+    filtered = det.detect(*args)
+    assert len(plain) > 10
+    for name in ("voxel", "world", "score", "radius_mm"):
+        np.testing.assert_array_equal(getattr(filtered, name), getattr(plain, name), err_msg=name)
