@@ -190,7 +190,7 @@ def test_separable_spacing_gives_spacingd_geometry_and_values_in_bounded_chunks(
     same affine and shape as MONAI's Spacingd, values within float rounding, the nearest mask equal."""
     affine = np.diag([0.7, 0.7, 2.5, 1.0])
     affine[:3, 3] = (-14.0, 3.0, -15.0)
-    if rotated:  # an oblique scan: the map is no longer per axis, and the slabs of AffineTransform take over
+    if rotated:  # an oblique scan: Spacingd keeps its directions, so the map is still per axis
         c, s = np.cos(0.3), np.sin(0.3)
         affine[:3, :3] = np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]) @ affine[:3, :3]
     data = _volume(affine)
