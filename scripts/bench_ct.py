@@ -109,9 +109,12 @@ def _path_steps(path: str, params: BagParams) -> dict:
     del img
     t["preprocess"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    image = out["image"]
+    image, lung = out["image"], out["lung_mask"]
+    del out
+    lung = lung > 0  # as compute_bag does
     affine = np.asarray(image.affine, np.float64)
-    cands = params.make_detector().detect(image, out["lung_mask"], np.linalg.norm(affine[:3, :3], axis=0), affine)
+    cands = params.make_detector().detect(image, lung, np.linalg.norm(affine[:3, :3], axis=0), affine)
+    del lung
     t["candidates"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     bag, _ = extract_bag(image, cands.top(params.k).voxel, params.k, params.patch_size)

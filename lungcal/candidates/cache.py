@@ -401,6 +401,8 @@ def compute_bag(source, params: BagParams | Mapping[str, Any] | None = None,
     resolved = params.resolved()
     out = (preprocess or preprocess_ct)(source, **params.preprocess_kwargs())
     image, lung = out["image"], out["lung_mask"]
+    del out
+    lung = lung > 0  # the detector's mask as bool: the float32 one (a whole volume at 1 mm) is freed here
     affine = np.asarray(image.affine.detach().cpu().numpy() if hasattr(image.affine, "detach") else image.affine,
                         np.float64) if hasattr(image, "affine") else np.eye(4)
     spacing = np.linalg.norm(affine[:3, :3], axis=0)

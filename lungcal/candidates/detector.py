@@ -8,7 +8,8 @@ MIL::
         def detect(self, image, lung_mask, spacing, affine) -> Candidates: ...
 
 ``image`` is the preprocessed volume of :func:`lungcal.ct.transforms.preprocess_ct`: ``(1, X, Y, Z)``
-(or ``(X, Y, Z)``) in ``[0, 1]`` after the HU window; ``lung_mask`` has the same spatial shape;
+(or ``(X, Y, Z)``) in ``[0, 1]`` after the HU window; ``lung_mask`` has the same spatial shape, non-zero in the lungs
+(:func:`lungcal.candidates.cache.compute_bag` passes it as bool);
 ``spacing`` is the voxel size in mm per axis; ``affine`` is the 4x4 voxel-to-world matrix (MONAI's
 RAS convention after ``Orientationd``).
 
@@ -171,11 +172,19 @@ def _block_mean(vol: np.ndarray, step: Sequence[int] | np.ndarray) -> np.ndarray
     return np.ascontiguousarray(out)
 
 
-def _scale_space(vol: np.ndarray, sigma_mm: float, spacing: np.ndarray,
+def _filled(vol: np.ndarray, mask: np.ndarray, background: float) -> np.ndarray:
+    """A new float32 volume: ``vol`` inside ``mask``, ``background`` outside."""
+    return np.where(mask, vol.astype(np.float32, copy=False), np.float32(background))
+
+
+def _scale_space(vol: np.ndarray, mask: np.ndarray, background: float, sigma_mm: float, spacing: np.ndarray,
                  step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gaussian-smoothed volume ``G`` and its scale-normalised response ``-sigma^2 * LoG`` at one
     scale, on the grid sub-sampled by ``step`` (1 = the volume's own grid); also that grid's
-    spacing.
+    spacing. The filtered volume is ``vol`` inside ``mask`` and ``background`` outside
+    (:func:`_filled`), made again at each scale rather than kept beside the scale's own arrays: on
+    the volume's grid it is made in the buffer that then holds ``G`` (the Gaussian runs in place,
+    which is the same arithmetic as into a new array).
 
     ``sigma_mm`` is converted per axis with the spacing; second derivatives are central finite
     differences of ``G`` in mm (one Gaussian filter per scale instead of three derivative filters).
@@ -183,16 +192,40 @@ def _scale_space(vol: np.ndarray, sigma_mm: float, spacing: np.ndarray,
     of variance ``(step^2 - 1) / 12`` voxels), and the Gaussian makes up the rest of ``sigma``.
     """
     if (step == 1).all():
-        src, sp, sig = vol, spacing, np.full(3, sigma_mm)
+        g, sp, sig = _filled(vol, mask, background), spacing, np.full(3, sigma_mm)
+        ndimage.gaussian_filter(g, sig / sp, output=g, mode="nearest", truncate=3.0)
     else:
-        src, sp = _block_mean(vol, step), spacing * step
+        src, sp = _block_mean(_filled(vol, mask, background), step), spacing * step
         sig = np.sqrt(np.maximum(sigma_mm**2 - (step**2 - 1) / 12.0 * spacing**2, (0.5 * sp) ** 2))
-    g = ndimage.gaussian_filter(src, sig / sp, mode="nearest", truncate=3.0)
+        g = ndimage.gaussian_filter(src, sig / sp, mode="nearest", truncate=3.0)
+        del src
     if g.dtype != np.float32:
         g = g.astype(np.float32)
     resp = _laplacian(g, sp)
     resp *= -np.float32(sigma_mm**2)
     return g, resp, sp
+
+
+def _points_above(resp: np.ndarray, threshold: float, slab: int = 16) -> np.ndarray:
+    """``(N, 3)`` indices (C order) of the points of ``resp`` above ``threshold``; on a grid above
+    :data:`LOCAL_MAX_PREFILTER_VOXELS`, only those that are also 3x3x3 maxima (``mode="nearest"``).
+
+    The maxima are found in slabs of ``slab`` planes along the first axis, each with a one-plane
+    halo, so the filter's scratch is a few planes, not a volume; the 3x3x3 window reaches one plane
+    out, so every plane's maxima are those of the whole volume's filter."""
+    if resp.size <= LOCAL_MAX_PREFILTER_VOXELS:
+        return np.argwhere(resp > threshold)
+    n, parts = resp.shape[0], []
+    for a in range(0, n, slab):
+        b = min(a + slab, n)
+        a0, b0 = max(a - 1, 0), min(b + 1, n)
+        block = resp[a0:b0]
+        peak = ndimage.maximum_filter(block, size=3, mode="nearest")[a - a0: a - a0 + b - a]
+        here = block[a - a0: a - a0 + b - a]
+        idx = np.argwhere((here > threshold) & (here >= peak))
+        idx[:, 0] += a
+        parts.append(idx)
+    return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
 
 
 def _neighbourhood(idx: np.ndarray, step: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -421,23 +454,19 @@ class LoGBlobDetector:
         if bg is None:
             bg = float(np.median(vol[raw_mask])) if raw_mask.any() else 0.0
         del raw_mask
-        vol = np.where(mask, vol.astype(np.float32, copy=False), np.float32(bg))  # a new float32 volume
-        del mask
         sigmas = self.sigmas_mm(spacing)
         steps = self.grid_steps(spacing)
         found: list[tuple[np.ndarray, ...]] = []  # per scale: scale index, voxel, LoG score, dot score
         prev = pending = None
         for s, (sigma, step) in enumerate(zip(sigmas, steps)):
-            g, resp, grid_sp = _scale_space(vol, float(sigma), spacing, step)
+            g, resp, grid_sp = _scale_space(vol, mask, bg, float(sigma), spacing, step)
             if pending is not None:  # the previous scale's peaks must not be below this scale's responses
                 p_s, p_vox, p_box, p_val, p_dot = pending
                 ok = _not_below(resp, step, p_box, p_val)
                 found.append((p_s[ok], p_vox[ok], p_val[ok], p_dot[ok]))
-            above = resp > self.threshold
-            if resp.size > LOCAL_MAX_PREFILTER_VOXELS:  # only a 3x3x3 maximum can pass _not_below below: on a
-                above &= resp >= ndimage.maximum_filter(resp, size=3, mode="nearest")  # large grid, keep
-            idx = np.argwhere(above)  # the index arrays small (exact: the same peaks survive either way)
-            del above
+            # on a large grid only the 3x3x3 maxima are indexed (exact: only those can pass the
+            # neighbourhood checks below), so the index arrays stay small
+            idx = _points_above(resp, self.threshold)
             vox = _from_grid(idx, step, vol.shape)
             keep = inner[vox[:, 0], vox[:, 1], vox[:, 2]]
             idx, vox = idx[keep], vox[keep]
@@ -445,17 +474,16 @@ class LoGBlobDetector:
             box = _neighbourhood(idx, step, vol.shape)
             keep = _not_below(resp, step, box, val)
             if prev is not None:
-                p_resp, p_step = prev
-                keep[keep] = _not_below(p_resp, p_step, (box[0][keep], box[1][keep]), val[keep])
+                keep[keep] = _not_below(prev[0], prev[1], (box[0][keep], box[1][keep]), val[keep])
             idx, vox, val, box = idx[keep], vox[keep], val[keep], (box[0][keep], box[1][keep])
             dot = (self._dot_score(g, float(sigma), idx, grid_sp) if self.shape_filter
                    else np.zeros(len(idx)))
             pending = (np.full(len(idx), s, np.int64), vox, box, val, dot)
-            prev = (resp, step)
-            del g
+            prev = (resp, step)  # the only reference left to this scale's response (no other name holds an
+            del g, resp            # older one: at the next scale, the volumes alive are this one and its own)
         assert pending is not None  # sigmas_mm keeps at least one scale
         found.append(tuple(x for i, x in enumerate(pending) if i != 2))
-        del prev, vol
+        del prev, mask
         s_idx, vox, val, dot = (np.concatenate(a) for a in zip(*found))
         if s_idx.size == 0:
             return Candidates()

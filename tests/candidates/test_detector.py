@@ -238,3 +238,16 @@ def test_the_local_maximum_prefilter_of_large_grids_keeps_exactly_the_same_candi
     assert len(plain) > 10
     for name in ("voxel", "world", "score", "radius_mm"):
         np.testing.assert_array_equal(getattr(filtered, name), getattr(plain, name), err_msg=name)
+
+
+@pytest.mark.parametrize("slab", [1, 2, 5, 16, 64])
+def test_the_local_maxima_found_in_slabs_are_those_of_the_whole_volume(monkeypatch, slab):
+    """``_points_above`` on a large grid filters slab by slab (a few planes of scratch, not a volume):
+    the points must be exactly those of one maximum filter over the whole volume, in the same order."""
+    monkeypatch.setattr(detector_module, "LOCAL_MAX_PREFILTER_VOXELS", 0)
+    resp = ndimage.gaussian_filter(np.random.default_rng(3).normal(size=(37, 20, 15)), 1.0).astype(np.float32)
+    resp[5:8] = resp[5]  # plateaus across slab borders: ties count as maxima
+    want = np.argwhere((resp > 0.02) & (resp >= ndimage.maximum_filter(resp, size=3, mode="nearest")))
+    got = detector_module._points_above(resp, 0.02, slab=slab)
+    assert len(want) > 20
+    np.testing.assert_array_equal(got, want)
