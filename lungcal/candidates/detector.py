@@ -423,10 +423,11 @@ class LoGBlobDetector:
     def detect(self, image, lung_mask, spacing: Spacing, affine) -> Candidates:
         """Detect bright blobs inside the (dilated) lung mask.
 
-        The scales run one after the other (each keeps the volume, its own smoothed copy and
-        response, and the previous scale's response: about four volumes and a few planes of
-        scratch, whatever the number of scales); a voxel is a peak when its response is at least every response in its
-        3x3x3 neighbourhood at its own scale and the two next to it, evaluated only where the
+        The scales run one after the other. Besides the caller's volume, a scale holds three volumes of
+        the grid (its smoothed copy, its response and the previous scale's response), two bool masks
+        and a few planes of scratch, whatever the number of scales: on LIDC-IDRI-0001 at 1 mm, 219 MiB
+        for a 59 MiB grid (tracemalloc). A voxel is a peak when its response is at least every response
+        in its 3x3x3 neighbourhood at its own scale and the two next to it, evaluated only where the
         response passes ``threshold`` inside the closed mask.
 
         Returns:
