@@ -126,12 +126,17 @@ def _laplacian(g: np.ndarray, spacing: np.ndarray, slab: int = 16) -> np.ndarray
     operation as a padded central difference, so the values are bit-identical to it.
     """
     out = np.empty_like(g)
-    n = g.shape[0]
-    for a in range(0, n, slab):
-        b = min(a + slab, n)
-        a0, b0 = max(a - 1, 0), min(b + 1, n)
+    for a, b, a0, b0 in _halo_slabs(g.shape[0], slab):
         out[a:b] = _laplacian_block(g[a0:b0], spacing)[a - a0: a - a0 + b - a]
     return out
+
+
+def _halo_slabs(n: int, slab: int):
+    """``(a, b, a0, b0)`` per slab of at most ``slab`` planes ``[a, b)`` of an axis of ``n``, with
+    ``[a0, b0)`` the slab and its one-plane halo on each side (clipped at the ends)."""
+    for a in range(0, n, slab):
+        b = min(a + slab, n)
+        yield a, b, max(a - 1, 0), min(b + 1, n)
 
 
 def _laplacian_block(g: np.ndarray, spacing: np.ndarray) -> np.ndarray:
@@ -215,10 +220,8 @@ def _points_above(resp: np.ndarray, threshold: float, slab: int = 16) -> np.ndar
     out, so every plane's maxima are those of the whole volume's filter."""
     if resp.size <= LOCAL_MAX_PREFILTER_VOXELS:
         return np.argwhere(resp > threshold)
-    n, parts = resp.shape[0], []
-    for a in range(0, n, slab):
-        b = min(a + slab, n)
-        a0, b0 = max(a - 1, 0), min(b + 1, n)
+    parts = []
+    for a, b, a0, b0 in _halo_slabs(resp.shape[0], slab):
         block = resp[a0:b0]
         peak = ndimage.maximum_filter(block, size=3, mode="nearest")[a - a0: a - a0 + b - a]
         here = block[a - a0: a - a0 + b - a]
