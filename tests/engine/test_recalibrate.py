@@ -521,6 +521,24 @@ def test_a_comparable_or_prevalence_shifted_site_goes_on_and_the_run_records_the
                        run, "site-b") is None
 
 
+@pytest.mark.parametrize(("verdict", "method", "hint"), [(PREVALENCE_SHIFT, "auto", True),
+                                                       (PREVALENCE_SHIFT, "platt", True),
+                                                       (PREVALENCE_SHIFT, "prior", False),
+                                                       (COMPARABLE, "auto", False)])
+def test_the_summary_points_to_method_prior_only_where_the_check_found_a_prevalence_shift(site, capsys, verdict,
+                                                                                          method, hint):
+    """The pointer follows the check's verdict and the method, whatever the test rows say."""
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    site["check"]["result"] = _site_check_result(verdict)
+    assert _cli(site, "--method", method, "--prevalence", "0.2", "--n-bootstrap", "0") == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "`--method prior`" in line]
+    assert len(notes) == int(hint)
+    if hint:
+        _, (run,) = _site_runs(site)
+        assert f"({run.data.metrics['val/n_events']:.0f} CTs of the rarer class there)" in notes[0]
+        assert f"the chosen local {run.data.params['chosen']} was fitted on it" in notes[0]
+
+
 def test_too_few_cts_for_a_check_refuses_unless_forced(site, capsys):
     MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
     site["check"]["result"] = DataError(f"12 CTs are too few to tell a site's data from the model's: a site check "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lungcal.engine.site.site_check import PREVALENCE_SHIFT
 from lungcal.tracking.ui import open_with_lines
 from lungcal.workflow import with_ci
 
@@ -10,7 +11,7 @@ if TYPE_CHECKING:  # recalibrate imports this module to print its result
     from lungcal.engine.site.recalibrate import Recalibration
     from lungcal.engine.site.threshold import SiteThreshold
 
-__all__ = ["ROW_LABELS", "format_summary", "threshold_lines"]
+__all__ = ["ROW_LABELS", "format_summary", "threshold_lines", "prior_hint"]
 
 #: display names of the fixed rows (local calibrators show as ``local <name>``)
 ROW_LABELS = {"uncalibrated": "uncalibrated", "prior": "prior-adjusted", "em": "EM prior-adjusted"}
@@ -38,6 +39,24 @@ def threshold_lines(t: SiteThreshold, site: str) -> list[str]:
             f"[{100 * lo:.1f}-{100 * hi:.1f}] (Clopper-Pearson 95%, {t.test_cancers} cancers)",
             "                the guarantee is over the population the val split was drawn from, at the site's "
             f"prevalence; `lungcal predict --site {site}` applies it and states it per CT"]
+
+
+def prior_hint(res: Recalibration) -> str | None:
+    """A pointer to ``--method prior`` where the site check found a prevalence change only, the site's
+    prevalence was given, and another calibrator was chosen; else None.
+
+    Decided from the check and the method alone, never from the test rows: the prior adjustment is the
+    correction that the check's verdict licenses and fits nothing on the val split, whereas the chosen
+    calibrator was fitted on the val split's few events (at a low-prevalence site a flexible fit can be
+    inconsistent with calibration where the adjustment is not: ``docs/results.md``, the two-site workflow).
+    """
+    chk = res.site_check
+    if chk is None or chk["verdict"] != PREVALENCE_SHIFT or "prior" not in res.rows or res.chosen_row == "prior":
+        return None
+    return (f"  NOTE          the site check found a prevalence change only and the site's prevalence is given: "
+            f"`--method prior` stores the prior-adjusted row, which fits nothing on the val split "
+            f"({res.n_events} CTs of the rarer class there); the chosen {_label(res.chosen_row)} was fitted on it "
+            "(decide by the check's verdict, not by the test rows above)")
 
 
 def format_summary(res: Recalibration) -> str:
@@ -73,6 +92,9 @@ def format_summary(res: Recalibration) -> str:
         lines.append(f"{mark} {_label(key):<22}{cells}{rep.get('ece_pvalue', float('nan')):.3f}")
     lines.append(f"  * chosen ({res.method}): stored on the run as calibrator/{res.chosen}.json; "
                  f"`inference.json --site {res.site}` applies it")
+    hint = prior_hint(res)
+    if hint is not None:
+        lines.append(hint)
     if res.cv_nll:
         lines.append("  cross-validated NLL on val: " + ", ".join(f"{k} {v:.4f}" for k, v in res.cv_nll.items()))
     lines.append("  slope 1, intercept 0 and O/E 1 = calibrated; p(calibrated): consistency-resampling p-value of "
