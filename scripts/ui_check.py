@@ -24,13 +24,9 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +42,9 @@ from lungcal.tracking import (
 )
 from lungcal.tracking.commands import ui_command
 from lungcal.tracking.runs_view import view_columns
+from lungcal.tracking.server import free_port, running_server
 from lungcal.workflow.summary import summary_lines
 
-LOOPBACK = "127.0.0.1"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 #: what the DOM must show: the study's column headers (as MLflow titles metric and tag columns)
 EXPECTED_HEADERS = ("test/auc", "test/auc_ci_low", "test/auc_ci_high", "test/ece", "test/ece_ci_low",
@@ -105,37 +101,6 @@ def printed_urls(uri: str, port: int) -> dict[str, str]:
     if code != 0:
         raise RuntimeError(f"lungcal ui exited with {code}: {out.getvalue()}")
     return dict(re.findall(r"^then open (\S+)\s+(http://\S+)$", out.getvalue(), flags=re.M))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_until_up(base: str, proc: subprocess.Popen, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow ui exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"mlflow ui did not answer on {base} within {timeout:.0f} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (its workers with it)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def _chromium(chromium: str, url: str, profile: Path, *extra: str, timeout: float = 240.0) -> str:
@@ -211,20 +176,15 @@ def run_check(out: Path, chromium: str) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="lungcal-ui-check-"))
     try:
         uri, ids = make_store(work / "store")
-        port = _free_port()
+        port = free_port()
         urls = printed_urls(uri, port)
         summary = summary_lines("focal (stage 1) + TS", [], work, uri, [("stage 1", ids[0]), ("+ TS", ids[1])])
         url = urls.get(CT_EXPERIMENT, "")
-        proc = subprocess.Popen(ui_command(uri, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
         png = out / "ui_check.png"
-        try:
-            _wait_until_up(f"http://{LOOPBACK}:{port}", proc)
+        with running_server(ui_command(uri, port), port, timeout=180.0):
             png.unlink(missing_ok=True)
             _chromium(chromium, url, work / "profile-shot", "--window-size=1600,1000", f"--screenshot={png}")
             dom = _chromium(chromium, url, work / "profile-dom", "--window-size=2600,1000", "--dump-dom")
-        finally:
-            _stop(proc)
         (out / "ui_check_dom.html").write_text(dom, encoding="utf-8")
         found = dom_findings(dom)
         problems = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.runtime.bundle_config import build_section
 from lungcal.runtime.distributed import ENV, plain_state_dict, unwrap
 from lungcal.tracking import TAG_STAGE2, default_tracking_uri
+from lungcal.tracking.server import free_port
 from tests.bundles import ddp_workers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +36,6 @@ TINY_QC = {"_target_": "lungcal.ct.qc.QCConfig", "max_slice_thickness_mm": 6.0, 
            "max_pixel_mm": 6.0}
 CIFAR_TINY = {"epochs": 1, "warmup_epochs": 1, "lr_milestones": [1], "batch_size": 32, "subset": 100,
               "n_bootstrap": 10, "val_per_class": 5}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -60,13 +54,13 @@ def _cli(config_files: list[str], overrides: dict) -> list[str]:
 def torchrun(bundle: str, overrides: dict, nproc: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node <nproc> -m monai.bundle run`` of ``bundle`` + ``multi_gpu.json``, from the root."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), "-m", "monai.bundle", "run",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "monai.bundle", "run",
            *_cli([f"bundles/{bundle}.json", "bundles/multi_gpu.json"], overrides)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env())
 
 
 def test_two_gloo_ranks_shard_gather_and_share_the_resume_state(tmp_path):
-    mp.spawn(ddp_workers.worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(ddp_workers.worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert (r0["backend"], r0["world_size"], r1["rank"]) == ("gloo", 2, 1)
     # torch's rank-prefixing excepthook would swallow the one-line error: lungcal's is put back on top

@@ -3,55 +3,20 @@
 The server gets a SQLite backend and serves artifacts itself (``--artifacts-destination``), as in
 ``docs/hospital.md``. A tiny MONAI bundle (config JSON run by ``monai.bundle``) logs through
 :class:`lungcal.tracking.RunTracker` with ``tracking_uri=http://127.0.0.1:PORT``; the run
-is read back with ``MlflowClient``, and the server is stopped in ``finally``.
+is read back with ``MlflowClient``; :func:`lungcal.tracking.server.running_server` stops the server
+with its workers.
 """
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-LOOPBACK = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
-def _wait_until_up(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"mlflow server did not answer on {url} within {timeout:.0f} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (gunicorn/uvicorn workers)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
+from lungcal.tracking.server import LOOPBACK, free_port, running_server
 
 TINY_BUNDLE = {
     "imports": ["$import lungcal.tracking"],
@@ -78,17 +43,12 @@ TINY_BUNDLE = {
 @pytest.mark.slow  # starting `mlflow server` takes ~30-60 s on two shared cores
 def test_team_server_on_loopback_receives_a_bundle_run(tmp_path):
     pytest.importorskip("mlflow")
-    port = _free_port()
-    url = f"http://{LOOPBACK}:{port}"
+    port = free_port()
     db = tmp_path / "team.db"
     art = tmp_path / "team-artifacts"
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}",
            "--artifacts-destination", str(art), "--host", LOOPBACK, "--port", str(port), "--workers", "1"]
-    log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=tmp_path)
-    try:
-        _wait_until_up(url, proc)
+    with (tmp_path / "server.log").open("wb") as log, running_server(cmd, port, log=log, cwd=tmp_path) as url:
         bundle = tmp_path / "tiny.json"
         bundle.write_text(json.dumps(TINY_BUNDLE))
         out = subprocess.run(
@@ -110,7 +70,5 @@ def test_team_server_on_loopback_receives_a_bundle_run(tmp_path):
         assert json.loads(open(local).read()) == {"resolved": True}
         assert list(art.rglob("resolved.json")), "artifact not stored under --artifacts-destination"
         assert db.exists() and not (tmp_path / "mlruns").exists()  # SQL backend, not a file store
-    finally:
-        _stop(proc)
-        log.close()
-    assert proc.poll() is not None
+    with pytest.raises(OSError):  # stopped with its workers: nothing answers on the port any more
+        urllib.request.urlopen(url + "/health", timeout=2)
