@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.metrics import accuracy, auroc, ece
 from lungcal.engine.evaluate.reports import write_predictions
-from lungcal.study.differences import collect_claims, confidence_gap, render_claims
+from lungcal.study.differences import collect_claims, confidence_gap, paper_says, render_claims
 from lungcal.study.report import build_report
 from lungcal.tracking import RunTracker, default_tracking_uri
 
@@ -71,6 +71,22 @@ def test_claims_are_paired_differences_on_the_same_cases(store):
     assert confidence_gap(fm[:, 1], y) == pytest.approx(confidence_gap(fm, y))
     text = "\n".join(render_claims(claims.values()))
     assert "ΔAUC(focal − ce)" in text and "(not significant)" in text
+    # a CT cohort: TS and the focal AUC are the paper's claims there, Focal+Mixup's under-confidence is not
+    assert ts.paper.startswith("TS lowers ECE") and "on CT" in claims["ΔAUC(focal − ce)"].paper
+    row = next(line for line in text.splitlines() if "confidence − accuracy (focal_mixup)" in line)
+    assert "no claim on this dataset" in row and "balanced CIFAR-10 only" in row
+
+
+@pytest.mark.parametrize(("dataset", "kind", "stage1", "says"), [
+    ("cifar10", "gap", "", "under-confident"),
+    ("cifar10lt", "gap", "", "no claim"),
+    ("nlst", "las", "ce", "raises ECE on CT"),
+    ("cifar10lt", "las", "mixup", "ECE rises 1.72 -> 5.18"),
+    ("cifar10lt", "las", "ce", "no claim"),
+    ("cifar10", "auc", "", "no claim"),
+])
+def test_paper_says_what_the_paper_states_per_dataset(dataset, kind, stage1, says):
+    assert says in paper_says(dataset, kind, stage1)
 
 
 def test_report_carries_the_claims(store, tmp_path):
