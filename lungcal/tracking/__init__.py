@@ -1,9 +1,12 @@
 """MLflow tracking shared by the CT engine, the study and ``cifar_baselines``.
 
-- ``names.py``: every tag and metric name, defined once;
+- ``names.py``: every tag, metric and artifact name, defined once;
 - ``tracker.py``: :class:`RunTracker` (one MLflow run; flattened, privacy-filtered params);
 - ``lookup.py``: linked-run look-ups (stage-1 run, its checkpoint, its acquisition summary, its post-hoc runs);
-- ``commands.py``: ``lungcal ui``.
+- ``commands.py``: ``lungcal ui``; ``ui.py`` and ``runs_view.py``: the addresses it prints and the saved view
+  of the study's columns;
+- ``liveness.py``: runs whose process died are marked ``KILLED``;
+- ``server.py``: a local MLflow server as a child process (started, waited for, stopped with its workers).
 
 The names are imported at once; the tracker and the look-ups (MLflow, torch) only when first used, so that
 ``lungcal --help`` and the CLI's argument errors answer without loading them (PEP 562 ``__getattr__``).

@@ -29,6 +29,7 @@ from lungcal.tracking.names import (
     TAG_SITE,
     TAG_STAGE2,
     THRESHOLD_METRIC,
+    calibrator_artifact,
 )
 
 __all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature", "linked_calibrator_run",
@@ -171,10 +172,10 @@ def linked_calibrator(tracking_uri: str, run, site: str | None = None,
         return None
     name = found.data.tags[TAG_CALIBRATOR]
     try:
-        path = MlflowClient(tracking_uri).download_artifacts(found.info.run_id, f"calibrator/{name}.json")
+        path = MlflowClient(tracking_uri).download_artifacts(found.info.run_id, calibrator_artifact(name))
     except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"run {found.info.run_id} is tagged {TAG_CALIBRATOR}={name} but has no "
-                          f"calibrator/{name}.json artifact", field="site" if site else "stage1_run_id",
+                          f"{calibrator_artifact(name)} artifact", field="site" if site else "stage1_run_id",
                           fix="refit it (rerun `lungcal recalibrate` or the stage-1 bundle)") from exc
     text = Path(path).read_text()
     return name, (load(text) if load is not None else json.loads(text))

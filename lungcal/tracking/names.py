@@ -13,6 +13,8 @@ training split's acquisition summary as :data:`ACQUISITION_ARTIFACT`.
 from __future__ import annotations
 
 __all__ = [
+    "CALIBRATOR_DIR",
+    "calibrator_artifact",
     "REFERENCE_CALIBRATOR",
     "TAG_DATASET",
     "TAG_STAGE1",
@@ -167,6 +169,15 @@ PREDICTIONS_DIR = "predictions"
 def plot_artifact(split: str, kind: str) -> str:
     """``plots/{split}_{kind}.png``, e.g. ``plot_artifact("test", "reliability") == "plots/test_reliability.png"``."""
     return f"{PLOTS_DIR}/{split}_{kind}.png"
+
+
+CALIBRATOR_DIR = "calibrator"
+
+
+def calibrator_artifact(name: str) -> str:
+    """``calibrator/{name}.json``: a fitted calibrator's state (``to_json``), what ``inference.json --site`` and
+    :func:`lungcal.tracking.lookup.load_calibrator` read back."""
+    return f"{CALIBRATOR_DIR}/{name}.json"
 
 
 def predictions_artifact(split: str, suffix: str = "csv") -> str:

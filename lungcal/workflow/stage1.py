@@ -44,6 +44,7 @@ from lungcal.tracking import (
     TAG_RESUMED_FROM,
     RunTracker,
     add_run_metrics,
+    calibrator_artifact,
     default_tracking_uri,
 )
 from lungcal.workflow.stages import stage
@@ -296,10 +297,10 @@ def post_hoc_runs(host: Any, stage1_run_id: str, scores: SplitScores) -> list[Po
             tracker.log_dict(info, CONFIG_ARTIFACT)
             host.log_post_hoc(tracker, name, calibrator, probs, report, scores, reference=name == reference,
                               threshold=threshold)
-            tracker.log_text(calibrator.to_json(), f"calibrator/{name}.json")
+            tracker.log_text(calibrator.to_json(), calibrator_artifact(name))
             if temperature is not None:
                 tracker.log_text(json.dumps({"temperature": temperature, "stage1_run": stage1_run_id}),
-                                 "calibrator/temperature.json")
+                                 calibrator_artifact("temperature"))
             diff = paired_bootstrap_diff("ece", probs, scores.test_probs, scores.test_labels,
                                          n_bootstrap=ev.n_bootstrap, seed=ev.seed, n_bins=ev.n_bins)
             results.append(PostHocResult(name=name, run_id=tracker.run_id, test=report, temperature=temperature,

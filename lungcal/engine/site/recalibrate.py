@@ -91,6 +91,7 @@ from lungcal.engine.site.threshold import SiteThreshold, check_cancers, check_le
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import (
+    CALIBRATOR_DIR,
     CT_EXPERIMENT,
     GUARANTEE_ARTIFACT,
     TAG_CALIBRATOR,
@@ -484,7 +485,7 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
                       subjects=test["subjects"] if full else None, attention=test["attention"] if full else None,
                       workdir=work, title=f"{stage1_name}+{key} @ {site}")
         state = atomic_write_text(work / f"{cal.name}.json", cal.to_json())
-        tr.log_artifact(state, "calibrator")
+        tr.log_artifact(state, CALIBRATOR_DIR)  # calibrator_artifact(cal.name)
         if res.threshold is not None:
             tr.log_dict(res.threshold.as_dict(), GUARANTEE_ARTIFACT)
         res.run_id = tr.run_id
