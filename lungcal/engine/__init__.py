@@ -2,7 +2,7 @@
 
 Each room imports only the rooms below it (an import-linter contract in ``pyproject.toml``)::
 
-    site                      a hospital's own data: recalibration (``lungcal recalibrate``)
+    site                      a hospital's own data: ``lungcal site-check``, ``recalibrate``, ``adapt-curve``
     train      infer          stage 1, post-hoc, ensemble, LAS  |  scoring new CTs (``lungcal predict``)
     evaluate                  reports, summaries, calibrators a run stores, case records, pictures
     model      data           engine steps, handlers, checkpoints, predict  |  cohort, series checks, bags
