@@ -74,7 +74,7 @@ class LASRun:
         self.las: dict[str, Any] = {
             "smooth_head": float(smooth_head), "smooth_tail": float(smooth_tail), "shape": las_shape,
             "epochs": int(epochs), "lr": float(lr), "batch_size": int(batch_size),
-            "balanced_sampling": bool(balanced_sampling), "seed": int(seed)}
+            "balanced_sampling": as_bool(balanced_sampling, "balanced_sampling"), "seed": int(seed)}
         self.run_name = run_name
         self.n_bins, self.n_bootstrap, self.seed = int(n_bins), int(n_bootstrap), int(seed)
         self.result: dict[str, Any] = {}
