@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from lungcal.runtime.resume import as_bool
+
 __all__ = ["random_orientation", "random_noise", "BagSet"]
 
 
@@ -54,7 +56,8 @@ class BagSet(torch.utils.data.Dataset):
         if not 0.0 <= float(noise_std) < 1.0:
             raise ValueError(f"noise_std must be in [0, 1) window units, got {noise_std}")
         self.bags, self.mask, self.labels = bags, mask, labels
-        self.augment, self.isotropic, self.noise_std = bool(augment), bool(isotropic), float(noise_std)
+        self.augment, self.isotropic = as_bool(augment, "augment"), as_bool(isotropic, "isotropic")
+        self.noise_std = float(noise_std)
         self._gen = torch.Generator().manual_seed(int(seed))
 
     def __len__(self) -> int:

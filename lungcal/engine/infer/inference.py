@@ -72,6 +72,7 @@ from lungcal.engine.model.predict import predict
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime import resolve_device
 from lungcal.runtime.exit_hook import find_lungcal_error
+from lungcal.runtime.resume import as_bool
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
@@ -165,7 +166,7 @@ class InferenceRun:
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
         self.qc = qc
         self.rule = ReferralRule.given(refer_below) if refer_below is not None else None
-        self.pictures, self.top_k, self.mode = bool(pictures), int(top_k), str(mode)
+        self.pictures, self.top_k, self.mode = as_bool(pictures, "pictures"), int(top_k), str(mode)
         self.predict_fn = predict_fn
 
     def rows(self) -> list[dict]:
