@@ -176,7 +176,7 @@ CALIBRATOR_DIR = "calibrator"
 
 def calibrator_artifact(name: str) -> str:
     """``calibrator/{name}.json``: a fitted calibrator's state (``to_json``), what ``inference.json --site`` and
-    :func:`lungcal.tracking.lookup.load_calibrator` read back."""
+    :func:`lungcal.tracking.lookup.linked_calibrator` read back."""
     return f"{CALIBRATOR_DIR}/{name}.json"
 
 

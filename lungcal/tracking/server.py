@@ -36,9 +36,7 @@ def wait_until_up(base_url: str, proc: subprocess.Popen, timeout: float = 120.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            args = proc.args
-            what = str(args) if isinstance(args, (str, bytes, os.PathLike)) else " ".join(str(a) for a in args)
-            raise RuntimeError(f"the server exited early with code {proc.returncode}: {what}")
+            raise RuntimeError(f"the server exited early with code {proc.returncode}: {proc.args!r}")
         try:
             with urllib.request.urlopen(base_url + "/health", timeout=2) as r:
                 if r.status == 200:
