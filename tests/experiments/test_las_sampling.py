@@ -1,4 +1,5 @@
-"""experiments/las_sampling.py: the two LAS runs' test predictions, paired CT for CT."""
+"""experiments/las_sampling.py: the LAS runs' test predictions, each control paired CT for CT against the
+shipped run."""
 from __future__ import annotations
 
 import mlflow
@@ -37,9 +38,18 @@ def test_the_table_pairs_the_two_runs_on_the_same_cts(script, tmp_path):
     shifted = 1 / (1 + np.exp(-(np.log(truth / (1 - truth)) + 0.41)))  # a prior of 0.5 where the truth has 0.4
     balanced = _run_with_predictions(client, experiment, tmp_path, "b", subjects, labels, shifted)
     unbalanced = _run_with_predictions(client, experiment, tmp_path, "u", subjects[::-1], labels[::-1], truth[::-1])
-    table = script.compare(uri, balanced, unbalanced, n_bootstrap=200)
+    no_smoothing = _run_with_predictions(client, experiment, tmp_path, "e", subjects, labels, shifted)
+    table = script.compare(uri, balanced, unbalanced, no_smoothing, n_bootstrap=200)
     assert "test CTs: 200" in table and "smoothing alone (balanced_sampling false)" in table
-    diff = table.splitlines()[-1].split("|")
+    rows = table.splitlines()
+    same = rows[-1].split("|")  # the ε 0 arm here scores what the shipped one does: no difference
+    assert "balanced batches alone" in same[1] and float(same[3].split()[0]) == 0.0
+    diff = rows[-2].split("|")
     intercept = float(diff[3].split()[0])  # columns: name, ece, cal_intercept, ...
     assert intercept == pytest.approx(0.41, abs=0.05)  # the prior shift undone, CT for CT
     assert float(diff[-2]) < 0  # and the mean predicted probability falls
+
+
+def test_it_needs_the_shipped_run_and_a_control(script):
+    with pytest.raises(SystemExit, match="2 to 3"):
+        script.compare("sqlite:///unused.db", "only-one")
