@@ -20,20 +20,30 @@ How a DICOM folder is read (real exports are messy):
    the chosen series); files that are not DICOM at
    all (no ``DICM`` preamble, e.g. ``DICOMDIR`` or a README) are skipped, but a ``.dcm`` file that
    cannot be parsed is a :class:`~lungcal.errors.DataError` naming the file;
-2. files are grouped by ``SeriesInstanceUID``; scouts/localizers (``ImageType``), secondary
-   captures (SOP class ``1.2.840.10008.5.1.4.1.1.7*``), dose reports and other non-CT modalities
-   and non-axial series are not candidates. A missing ``Modality`` tag is tolerated;
+2. files are grouped by ``SeriesInstanceUID`` and each image is judged by what it holds
+   (:func:`lungcal.ct.dicom_objects.kind`): CT pixels (SOP class or ``Modality``), grey levels,
+   not a localizer, axial geometry. ``ImageType`` values 1 and 2 do not decide: a PACS or
+   planning-system re-export (``ORIGINAL\\SECONDARY\\AXIAL``) or a derived axial series is read,
+   and the series checks judge it (``derived``, ``hu_air``). Localizers (``ImageType`` LOCALIZER or
+   SCOUT, or a series of at most 3 non-axial images), screen captures (Secondary Capture SOP
+   classes, colour pixels, burned-in annotation), dose reports and other modalities, and coronal,
+   sagittal or oblique reformats are not candidates. A missing ``Modality`` tag is tolerated. An
+   enhanced (multi-frame) CT is read frame by frame from its functional groups
+   (:func:`lungcal.ct.dicom_objects.frame_headers`);
 3. the series named by ``series_uid`` (when given), else the axial CT series with the most slices
-   (then the thinnest), wins, and the choice is logged with what else the folder held (series
-   number, kind, file count: no UIDs, no paths). A folder without an axial CT series is a one-line
-   :class:`~lungcal.errors.DataError` listing what it found. The slices are sorted by
-   ``ImagePositionPatient`` projected on the slice normal (never by file name or InstanceNumber);
-   duplicated positions keep the first instance;
+   (then the thinnest, then an ORIGINAL one; a projection such as a MIP only when there is nothing
+   else), wins, and the choice is logged with what else the folder held (series number, kind, file
+   count: no UIDs, no paths). A folder without an axial CT series is a one-line
+   :class:`~lungcal.errors.DataError` listing what it found, each series named by what it is
+   (``CT localizer (scout)``, ``CT secondary capture (a screen capture, ...)``, ``CT coronal
+   reformat (not axial)``, ...), with the field and the fix of the largest one. The slices are
+   sorted by ``ImagePositionPatient`` projected on the slice normal (never by file name or
+   InstanceNumber); duplicated positions keep the first instance;
 4. a gap (a step > 1.5x the median step) is a ``DataError`` unless ``allow_gaps=True``; uneven
    steps (and allowed gaps) are resampled linearly along the normal onto a uniform grid at the
    median step;
-5. pixel data is decoded per slice and rescaled with that slice's ``RescaleSlope`` /
-   ``RescaleIntercept``. A truncated or corrupt file is a ``DataError`` naming the file.
+5. pixel data is decoded per slice (per frame) and rescaled with that slice's (frame's)
+   ``RescaleSlope`` / ``RescaleIntercept``. A truncated or corrupt file is a ``DataError`` naming the file.
 
 (This module is longer than the house's ~400 lines on purpose: both readers share the RAS
 flip-while-copying and meta helpers, and the DICOM folder rules above are one contract best read
@@ -60,8 +70,11 @@ import torch
 from monai.data import ImageReader, MetaTensor
 from monai.transforms import Orientation
 from pydicom.errors import InvalidDicomError
+from pydicom.pixels import pixel_array
 
 from lungcal.errors import DataError
+
+from .dicom_objects import frame_headers, is_ct_image, is_multiframe_ct, is_projection, kind, series_kind
 
 __all__ = [
     "load_ct",
@@ -77,9 +90,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ITK_SUFFIXES = (".nii", ".nii.gz", ".mhd", ".mha", ".nrrd", ".nhdr")
-_SECONDARY_CAPTURE = "1.2.840.10008.5.1.4.1.1.7"
-_CT_SOP = "1.2.840.10008.5.1.4.1.1.2"  # CT Image Storage (+ .1 enhanced, .2 legacy converted)
-_SKIP_IMAGE_TYPES = {"LOCALIZER", "SCOUT", "SECONDARY"}
 _LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 #: the meta key of the series information (see the module docstring)
 SERIES_INFO = "series_info"
@@ -200,46 +210,25 @@ def _header(path: Path):
                         fix="re-export the series or delete the corrupt file") from None
 
 
-def _is_ct_image(ds) -> bool:
-    meta = getattr(ds, "file_meta", None)
-    sops = (str(getattr(ds, "SOPClassUID", "")), str(getattr(meta, "MediaStorageSOPClassUID", "")))
-    return any(s == _CT_SOP or s.startswith(_CT_SOP + ".") for s in sops) or \
-        str(getattr(ds, "Modality", "")).upper() == "CT"
+class _Image(NamedTuple):
+    """One image of a series: its file, its header (the file's, or one frame's), the dataset holding its
+    pixels, and the frame (None for a single-frame file)."""
+
+    path: Path
+    ds: Any
+    source: Any
+    frame: int | None
 
 
-def _kind(ds) -> str:
-    """What a DICOM object is, in words; ``"axial CT"`` for a usable slice of an axial CT series."""
-    modality = str(getattr(ds, "Modality", "CT") or "CT").upper()
-    sop = str(getattr(ds, "SOPClassUID", ""))
-    if modality == "SR" or sop.startswith("1.2.840.10008.5.1.4.1.1.88"):
-        return f"{modality} structured report (e.g. a dose report)"
-    if sop.startswith(_SECONDARY_CAPTURE):
-        return f"{modality} secondary capture"
-    if modality != "CT":
-        return f"{modality} (not CT)"
-    image_type = {str(v).upper() for v in (getattr(ds, "ImageType", None) or [])}
-    if image_type & {"LOCALIZER", "SCOUT"}:
-        return "CT localizer (scout)"
-    if "SECONDARY" in image_type:
-        return "CT secondary image"
-    if getattr(ds, "ImagePositionPatient", None) is None or getattr(ds, "ImageOrientationPatient", None) is None:
-        return "CT without slice geometry"
-    if getattr(ds, "PixelSpacing", None) is None or "Rows" not in ds:
-        return "CT without pixel spacing"
-    iop = np.asarray(ds.ImageOrientationPatient, dtype=np.float64)
-    normal = np.cross(iop[:3], iop[3:])
-    if abs(normal[2]) < 0.8 * np.linalg.norm(normal):  # tilted gantry tolerated
-        return "CT non-axial (sagittal/coronal reformat)"
-    return "axial CT"
+def _images(path: Path, ds) -> list[_Image]:
+    if is_multiframe_ct(ds):  # an enhanced CT: one header per frame (dicom_objects.frame_headers)
+        return [_Image(path, h, ds, i) for i, h in enumerate(frame_headers(ds))]
+    return [_Image(path, ds, ds, None)]
 
 
-def _is_candidate(ds) -> bool:
-    return _kind(ds) == "axial CT"
-
-
-def _series_label(number, kind: str, n: int) -> str:
+def _series_label(number, kind: str, n: int, unit: str = "file") -> str:
     num = f"#{number} " if number not in (None, "") else ""
-    return f"{num}{kind} ({n} file{'s' if n != 1 else ''})"
+    return f"{num}{kind} ({n} {unit}{'s' if n != 1 else ''})"
 
 
 def _float_tag(ds, name: str) -> float | None:
@@ -271,62 +260,72 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False, gap_f
     if not folder.is_dir():
         raise DataError("DICOM folder not found", file=folder, fix="check the path in the datalist")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-    series: dict[str, list] = defaultdict(list)
-    found: dict[str, list] = defaultdict(list)  # every DICOM series, usable or not: (kind, number)
+    series: dict[str, list[_Image]] = defaultdict(list)
+    found: dict[str, list] = defaultdict(list)  # every DICOM series, usable or not: (kind, number, is a frame)
     n_other = 0
     for f in files:
         ds = _header(f)
         if ds is None:
             n_other += 1
             continue
-        if "PixelData" not in ds and _is_ct_image(ds):
+        if "PixelData" not in ds and is_ct_image(ds):
             raise DataError("truncated CT image file (no pixel data)", file=f,
                             fix="re-export the series or delete the truncated file")
         uid = str(getattr(ds, "SeriesInstanceUID", ""))
-        kind = _kind(ds)
-        found[uid].append((kind, getattr(ds, "SeriesNumber", None)))
-        if kind != "axial CT":
-            continue
-        key = uid + "|" + "x".join(f"{v:.4f}" for v in np.asarray(ds.ImageOrientationPatient, float)) + \
-            f"|{ds.Rows}x{ds.Columns}"
-        series[key].append((f, ds))
-    listing = "; ".join(_series_label(v[0][1], max({k for k, _ in v}, key=[k for k, _ in v].count), len(v))
-                        for v in found.values())
+        for image in _images(f, ds):
+            what = kind(image.ds)
+            found[uid].append((what, getattr(ds, "SeriesNumber", None), image.frame is not None))
+            if not what.usable:
+                continue
+            key = uid + "|" + "x".join(f"{v:.4f}" for v in np.asarray(image.ds.ImageOrientationPatient, float)) + \
+                f"|{image.ds.Rows}x{image.ds.Columns}"
+            series[key].append(image)
+    kinds = {uid: series_kind([k for k, _, _ in v]) for uid, v in found.items()}
+    listing = "; ".join(_series_label(v[0][1], kinds[uid].what, len(v), "frame" if v[0][2] else "file")
+                        for uid, v in found.items())
     listing = (listing or "no DICOM files") + (f"; {n_other} non-DICOM file(s)" if n_other else "")
     if series_uid is not None:
         chosen = [kv for kv in series.items() if kv[0].split("|", 1)[0] == str(series_uid)]
         if not chosen:
-            what = found.get(str(series_uid))
+            named = kinds.get(str(series_uid))
             raise DataError(
-                ("the requested series is not an axial CT series: it is a " + what[0][0]) if what else
+                ("the requested series is not an axial CT series: it is a " + named.what) if named else
                 "the requested series_uid is not in the folder", file=folder, field="series_uid",
                 fix=f"the folder holds: {listing}; name an axial CT series, or leave series_uid out")
     else:
         chosen = list(series.items())
     if not chosen:
+        # named by what the folder's largest series is (a localizer, a screen capture, a reformat, ...)
+        main = kinds[max(found, key=lambda u: len(found[u]))] if found else None
         raise DataError(f"no axial CT series found; the folder holds: {listing}", file=folder,
-                        fix="point the datalist at the folder of the axial CT series")
+                        field=(main.field or None) if main else None,
+                        fix=(main.fix if main and main.fix else
+                             "point the datalist at the folder of the axial CT series"))
 
-    def thickness(members) -> float:
-        return _float_tag(members[0][1], "SliceThickness") or 0.0
+    def rank(members: list[_Image]) -> tuple:
+        """Projections (MIP, MinIP) last, then the most slices, the thinnest, an ORIGINAL image."""
+        ds = members[0].ds
+        image_type = [str(v).upper() for v in (getattr(ds, "ImageType", None) or [])]
+        return (not is_projection(image_type), len(members), -(_float_tag(ds, "SliceThickness") or 0.0),
+                image_type[:1] == ["ORIGINAL"])
 
-    key, members = max(chosen, key=lambda kv: (len(kv[1]), -thickness(kv[1])))
+    key, members = max(chosen, key=lambda kv: rank(kv[1]))
     if len(found) > 1 or len(chosen) > 1:
-        n = getattr(members[0][1], "SeriesNumber", None)
+        n = getattr(members[0].ds, "SeriesNumber", None)
         log.info("DICOM folder with %d series (%s): read %s%s", len(found), listing,
-                 _series_label(n, "axial CT", len(members)),
+                 _series_label(n, "axial CT", len(members), "frame" if members[0].frame is not None else "file"),
                  " (named by series_uid)" if series_uid is not None else " (the axial CT series with the most slices)")
     if len(members) < 2:
         raise DataError("the CT series has a single slice; a 3D volume needs at least 2", file=folder,
                         fix="export the whole series")
 
-    ds0 = members[0][1]
+    ds0 = members[0].ds
     iop = np.asarray(ds0.ImageOrientationPatient, dtype=np.float64)
     row_cos, col_cos = iop[:3], iop[3:]
     normal = np.cross(row_cos, col_cos)
-    positions = np.array([np.asarray(ds.ImagePositionPatient, float) for _, ds in members])
+    positions = np.array([np.asarray(m.ds.ImagePositionPatient, float) for m in members])
     proj = positions @ normal
-    order = np.lexsort((np.array([int(getattr(ds, "InstanceNumber", 0) or 0) for _, ds in members]), proj))
+    order = np.lexsort((np.array([int(getattr(m.ds, "InstanceNumber", 0) or 0) for m in members]), proj))
     proj = proj[order]
     keep = np.concatenate([[True], np.diff(proj) > 1e-3])
     if not keep.all():
@@ -359,8 +358,8 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False, gap_f
     axes, affine_ras = _ras_flips(_LPS_TO_RAS @ affine, shape, allowed=(0, 1))
     zyx = np.empty(shape[::-1], dtype=np.float32)  # slices written contiguously ...
     target = _flipped(zyx, [2 - a for a in axes])
-    for k, (f, ds) in enumerate(members):
-        target[k] = _slice_hu(f, ds, rows, cols)
+    for k, image in enumerate(members):
+        target[k] = _slice_hu(image, rows, cols)
     vol = zyx.transpose(2, 1, 0)  # ... and seen as (X, Y, Z) without a copy
     uneven = bool(gaps.size) or (steps.max() - steps.min()) > uneven_tol * step
     if uneven:
@@ -372,7 +371,8 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False, gap_f
         "modality": str(getattr(ds0, "Modality", "") or ""),
         "image_type": [str(v) for v in (getattr(ds0, "ImageType", None) or [])],
         "slice_thickness_mm": _float_tag(ds0, "SliceThickness"),
-        "n_files": len(members) + n_dup,
+        "n_files": len(members) + n_dup,  # images: slices, or an enhanced CT's frames
+        "multiframe": members[0].frame is not None,
         "n_series_in_folder": len(found),
         "step_min_mm": float(steps.min()), "step_median_mm": step, "step_max_mm": float(steps.max()),
         "n_gaps": int(gaps.size), "n_duplicates": n_dup, "resampled": bool(uneven),
@@ -380,11 +380,12 @@ def read_dicom_series(folder: str | os.PathLike, allow_gaps: bool = False, gap_f
     return DicomVolume(vol, affine_ras, info)
 
 
-def _slice_hu(path: Path, ds, rows: int, cols: int) -> np.ndarray:
+def _slice_hu(image: _Image, rows: int, cols: int) -> np.ndarray:
+    path, ds = image.path, image.ds  # the rescale is the slice's, or the frame's (its functional groups)
     try:
-        if "PixelData" not in ds:
+        if "PixelData" not in image.source:
             raise ValueError("no pixel data")
-        pix = ds.pixel_array
+        pix = image.source.pixel_array if image.frame is None else pixel_array(image.source, index=image.frame)
     except Exception as exc:
         raise DataError(f"cannot decode pixel data ({type(exc).__name__}: {str(exc)[:120]})", file=path,
                         fix="the file is truncated or corrupt: re-export the series or delete the file") from None

@@ -9,7 +9,8 @@ as keyword arguments); docs/hospital.md ("What scans lungcal accepts") explains 
 =================  ===========================================================================
 check              measures
 =================  ===========================================================================
-series_type        DICOM Modality / ImageType: CT, not a localizer, projection or derived image;
+series_type        DICOM Modality / ImageType: CT, not a localizer or projection; ImageType
+                   value 1 DERIVED warns (``derived``), value 2 (SECONDARY) is not judged;
                    axial (the thickest voxel spacing runs head-to-foot)
 geometry           a 3D volume (at least ``min_slices`` along every axis) with in-plane pixels
                    in ``[min_pixel_mm, max_pixel_mm]``

@@ -15,6 +15,8 @@ import numpy as np
 
 from lungcal.errors import ConfigError
 
+from .dicom_objects import EXCLUDED_IMAGE_TYPES
+
 __all__ = ["VERDICTS", "CHECKS", "QCConfig", "QCCheck", "beyond_edge", "check_series_type", "check_geometry",
            "check_slice_thickness", "check_slice_positions", "check_hu_air", "check_lung_volume", "check_extent"]
 
@@ -23,9 +25,6 @@ VERDICTS = ("pass", "warn", "fail", "skip")
 #: the check names, in the order they run
 CHECKS = ("series_type", "geometry", "slice_thickness", "slice_positions", "hu_air", "lung_volume",
           "lung_coverage", "field_of_view")
-_EXCLUDED_IMAGE_TYPES = {"LOCALIZER": "a localizer (scout)", "SCOUT": "a scout",
-                         "MIP": "a maximum-intensity projection", "MINIP": "a minimum-intensity projection",
-                         "PROJECTION IMAGE": "a projection image"}
 
 
 @dataclass
@@ -56,8 +55,12 @@ class QCConfig:
             one that leaves out a fifth of them is refused.
         fit_mm: length of lung towards an edge over which its cross-section is fitted (15 mm).
         max_extrapolation_mm: the lung is extrapolated at most this far beyond an edge (100 mm).
-        derived: verdict for a DERIVED or SECONDARY (but not localizer/projection) image type
-            ("warn": a reformatted axial series is still HU; "fail" to refuse them).
+        derived: verdict for a derived image, ImageType value 1 DERIVED (pixels computed from other
+            images: an axial reformat, a resampled or filtered copy; a localizer or a projection fails
+            anyway): "warn" (default: still CT in HU, scored with a warning) or "fail" to refuse them.
+            ImageType value 2 is not judged: SECONDARY only says the image was made after the exam,
+            so a PACS or planning-system re-export of the scan's own slices (``ORIGINAL\\SECONDARY``)
+            passes, and ``DERIVED\\SECONDARY`` is judged as DERIVED.
     """
 
     max_slice_thickness_mm: float = 3.0
@@ -158,14 +161,19 @@ def check_series_type(info: Mapping[str, Any], spacing: np.ndarray, cfg: QCConfi
     value = f"{modality} {'/'.join(image_type) or '-'}"
     if modality != "CT":
         return QCCheck(name, "fail", value, f"the modality is {modality}, not CT", "export the CT series")
-    for key, what in _EXCLUDED_IMAGE_TYPES.items():
+    for key, what in EXCLUDED_IMAGE_TYPES.items():
         if key in image_type:
             return QCCheck(name, "fail", value, f"the series is {what}, not an axial CT reconstruction",
                            "export the axial CT series of the scan")
-    if image_type and (image_type[0] == "DERIVED" or "SECONDARY" in image_type):
+    # value 1 (ORIGINAL / DERIVED) is judged, value 2 (PRIMARY / SECONDARY: made at or after the exam) is not
+    if image_type[:1] == ["DERIVED"]:
         return QCCheck(name, cfg.derived, value,
-                       "a derived/secondary image (a reformat or post-processed series), not the original "
-                       "reconstruction", "prefer the ORIGINAL\\PRIMARY axial series when the scan has one")
+                       "a derived image (ImageType DERIVED: pixels computed from other images, e.g. an axial "
+                       "reformat or a filtered copy), not the scanner's own reconstruction",
+                       "prefer the ORIGINAL axial series when the scan has one")
+    if image_type[1:2] == ["SECONDARY"]:
+        return QCCheck(name, "pass", value, "an original axial CT series, re-exported (SECONDARY: e.g. by a PACS "
+                       "or planning system)")
     return QCCheck(name, "pass", value, "an original axial CT series")
 
 

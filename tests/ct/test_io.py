@@ -292,7 +292,8 @@ def test_folder_without_a_ct_series_lists_what_it_holds_in_one_line(tmp_path):
         load_ct(folder)
     text = str(err.value)
     assert "\n" not in text
-    for what in ("CT localizer (scout) (2 files)", "secondary capture (1 file)", "structured report", "1 non-DICOM"):
+    for what in ("CT localizer (scout) (2 files)", "secondary capture (a screen capture) (1 file)", "structured report",
+                 "1 non-DICOM"):
         assert what in text, text
 
 

@@ -86,6 +86,10 @@ def test_a_field_of_view_leaving_out_a_fifth_of_the_lungs_fails(phantom):
 @pytest.mark.parametrize("info, verdict, words", [
     ({"format": "dicom", "modality": "CT", "image_type": ["ORIGINAL", "PRIMARY", "LOCALIZER"]}, "fail", "localizer"),
     ({"format": "dicom", "modality": "CT", "image_type": ["DERIVED", "SECONDARY", "AXIAL"]}, "warn", "derived"),
+    ({"format": "dicom", "modality": "CT", "image_type": ["DERIVED", "PRIMARY", "AXIAL"]}, "warn", "derived"),
+    ({"format": "dicom", "modality": "CT", "image_type": ["ORIGINAL", "SECONDARY", "AXIAL"]}, "pass", "re-exported"),
+    ({"format": "dicom", "modality": "CT", "image_type": ["DERIVED", "SECONDARY", "AXIAL", "MIP"]}, "fail",
+     "maximum-intensity projection"),
     ({"format": "dicom", "modality": "PT", "image_type": ["ORIGINAL", "PRIMARY"]}, "fail", "modality is PT"),
     ({"format": "dicom", "modality": "CT", "image_type": ["ORIGINAL", "PRIMARY", "AXIAL"]}, "pass", "original"),
 ])
@@ -100,6 +104,9 @@ def test_derived_images_can_be_refused_and_reformats_are_not_axial(phantom):
     hu, _, _ = phantom
     info = {"format": "dicom", "modality": "CT", "image_type": ["DERIVED", "SECONDARY"]}
     assert check_series(hu, spacing=SPACING, info=info, derived="fail")["series_type"].verdict == "fail"
+    # derived judges ImageType value 1 only: a re-export of the original slices passes even with derived="fail"
+    reexport = {**info, "image_type": ["ORIGINAL", "SECONDARY", "AXIAL"]}
+    assert check_series(hu, spacing=SPACING, info=reexport, derived="fail")["series_type"].verdict == "pass"
     coronal = check_series(hu, spacing=(0.7, 2.5, 0.7))["series_type"]  # thick along y: coronal slices
     assert coronal.verdict == "fail" and "coronal" in coronal.value
     sagittal = check_series(hu, spacing=(2.0, 0.7, 0.7))["series_type"]  # square pixels in y-z: sagittal
