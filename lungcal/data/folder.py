@@ -1,7 +1,8 @@
 """What a path a user points at holds: the CT images in it, and every other file with why it is skipped.
 
-:func:`find_cts` is how ``lungcal predict`` and ``lungcal qc`` read a CT file or a folder (one
-function, so both see the same CTs in the same order, hence the same pseudonyms ``ct0000``...):
+:func:`find_cts` is how ``lungcal predict``, ``lungcal qc`` and ``lungcal site-check`` read a CT file or
+a folder (one function, so all see the same CTs in the same order, hence the same pseudonyms
+``ct0000``...):
 
 - a **DICOM series folder** (DICOM files directly in it: ``*.dcm``, or files with the ``DICM``
   preamble) is one CT; the other files directly in it are listed as skipped (the reader,
@@ -10,19 +11,26 @@ function, so both see the same CTs in the same order, hence the same pseudonyms 
   (:func:`image_kind`: a binary mask, a label map, values that are not Hounsfield units): then a
   :class:`~lungcal.errors.DataError` naming the file says what it is;
 - **any other folder** (a case folder as exported, with the CT, a nodule mask, annotation XML and
-  CSVs; or a folder of studies) is read entry by entry, in sorted order (hidden entries ignored):
+  CSVs; a folder of case folders; a folder of studies) is read entry by entry, in sorted order
+  (hidden entries ignored), and a sub-folder without DICOM files is read the same way, at any depth,
+  so a folder of case folders gives each case's CT whatever format the case holds:
 
-  ========================================  ==============================================
-  entry                                     read as
-  ========================================  ==============================================
-  a volume file that is a CT image           one CT
-  a volume file that is not (mask, labels)   skipped, named as such (:func:`image_kind`)
-  a sub-folder with DICOM files (any depth)  one CT: a DICOM series folder, read recursively
-  a sub-folder without DICOM files           skipped ("no DICOM files")
-  any other file (XML, CSV, PDF, PNG, ...)   skipped ("not a CT image")
-  ========================================  ==============================================
+  ==========================================  ==============================================
+  entry                                       read as
+  ==========================================  ==============================================
+  a volume file that is a CT image             one CT
+  a volume file that is not (mask, labels)     skipped, named as such (:func:`image_kind`)
+  a sub-folder with DICOM files (any depth)    one CT: a DICOM series folder, read recursively
+  any other sub-folder (a case folder)         read by these rules; its entries are named
+                                               ``case/entry``; one that holds no CT is skipped
+                                               as one entry ("no CT in it (...)")
+  any other file (XML, CSV, PDF, PNG, ...)     skipped ("not a CT image")
+  ==========================================  ==============================================
 
   A folder holding no CT at all is a ``DataError`` listing what it holds.
+
+:func:`case_ct` is the same rule for a path that must name one CT (a datalist or site-CSV row's
+``image``, an NLST study folder): a case folder holding one CT gives that CT.
 
 A CT found here can still be refused later (unreadable, too small, a failed series check); that
 is decided by the reader and the checks, one CT at a time, never for the whole folder.
@@ -30,6 +38,7 @@ is decided by the reader and the checks, one CT at a time, never for the whole f
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +48,8 @@ import SimpleITK as sitk
 
 from lungcal.errors import DataError
 
-__all__ = ["CT_SUFFIXES", "MAX_LABELS", "Found", "find_cts", "image_kind", "is_dicom_file", "is_dicom_folder",
-           "holds_dicom"]
+__all__ = ["CT_SUFFIXES", "MAX_LABELS", "Found", "find_cts", "case_ct", "image_kind", "is_dicom_file",
+           "is_dicom_folder", "holds_dicom"]
 
 #: the volume file types lungcal reads (DICOM comes as a folder)
 CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd", ".nhdr")
@@ -147,27 +156,12 @@ def find_cts(path: str | os.PathLike, field: str | None = None) -> Found:
         if is_dicom_folder(path):
             others = sorted(p.name for p in _visible(path) if p.is_file() and not is_dicom_file(p))
             return Found([path.absolute()], [(n, "not a DICOM file") for n in others])
-        found = Found()
-        for p in sorted(_visible(path)):
-            if p.is_dir():
-                if holds_dicom(p):
-                    found.cts.append(p.absolute())
-                else:
-                    found.skipped.append((p.name + "/", "no DICOM files in it"))
-            elif p.name.lower().endswith(CT_SUFFIXES):
-                why = image_kind(p)
-                if why is None:
-                    found.cts.append(p.absolute())
-                else:
-                    found.skipped.append((p.name, why))
-            elif p.suffix.lower() == ".raw" and p.with_suffix(".mhd").exists():
-                continue  # the voxels of an .mhd header beside it
-            else:
-                found.skipped.append((p.name, f"not a CT image ({_kind_of(p)})"))
+        found = _read_folder(path, "", {os.path.realpath(path)})
         if not found.cts:
             listing = "; ".join(f"{n}: {w}" for n, w in found.skipped) or "nothing"
             raise DataError(f"the folder holds no CT; found {listing}", file=path, field=field,
-                            fix="put one NIfTI/MHD/NRRD file or DICOM series folder per CT in it")
+                            fix="put one NIfTI/MHD/NRRD file or DICOM series folder per CT in it (or one case "
+                                "folder per CT holding one)")
         return found
     if not path.exists():
         raise DataError("not found", file=path, field=field, fix=_FIX)
@@ -177,6 +171,66 @@ def find_cts(path: str | os.PathLike, field: str | None = None) -> Found:
     if why is not None:
         raise DataError(why, file=path, field=field, fix="pass the CT image itself, not its mask or annotation")
     return Found([path.absolute()])
+
+
+def case_ct(path: str | os.PathLike, field: str | None = None) -> Path:
+    """The one CT that ``path`` names: a CT file or a folder holding DICOM files as it is (the reader
+    picks the axial series), and a case folder without DICOM files (a CT volume beside its masks and
+    annotations) as the one CT :func:`find_cts` finds in it. A path that does not exist is returned as
+    it is (the caller says so, naming its row).
+
+    Raises:
+        DataError: a case folder holding no CT (listing what it holds), or several (naming them).
+    """
+    p = Path(str(path)).expanduser()
+    if not p.is_dir() or holds_dicom(p):
+        return p
+    found = find_cts(p, field=field)
+    if len(found.cts) > 1:
+        names = ", ".join(str(c.relative_to(p.absolute())) for c in found.cts[:4])
+        names += ", ..." if len(found.cts) > 4 else ""
+        raise DataError(f"the folder holds {len(found.cts)} CTs ({names}), where one is expected", file=p, field=field,
+                        fix="name the CT file or DICOM folder itself")
+    return found.cts[0]
+
+
+def _read_folder(folder: Path, prefix: str, ancestors: set[str]) -> Found:
+    """The CTs and skipped entries of a folder that is not a DICOM series folder (module docstring);
+    ``prefix`` names its entries relative to the folder the user pointed at."""
+    found = Found()
+    for p in sorted(_visible(folder)):
+        name = prefix + p.name
+        if p.is_dir():
+            if holds_dicom(p):
+                found.cts.append(p.absolute())
+                continue
+            real = os.path.realpath(p)
+            if real in ancestors:  # a link back up the tree
+                found.skipped.append((name + "/", "a link to a folder that holds it"))
+                continue
+            sub = _read_folder(p, name + "/", ancestors | {real})
+            if sub.cts:
+                found.cts += sub.cts
+                found.skipped += sub.skipped
+            else:
+                found.skipped.append((name + "/", _no_ct(sub)))
+        elif p.name.lower().endswith(CT_SUFFIXES):
+            why = image_kind(p)
+            if why is None:
+                found.cts.append(p.absolute())
+            else:
+                found.skipped.append((name, why))
+        elif p.suffix.lower() == ".raw" and p.with_suffix(".mhd").exists():
+            continue  # the voxels of an .mhd header beside it
+        else:
+            found.skipped.append((name, f"not a CT image ({_kind_of(p)})"))
+    return found
+
+
+def _no_ct(sub: Found) -> str:
+    """Why a sub-folder holding no CT is skipped, with what it holds (entries by type)."""
+    kinds = Counter("folder" if n.endswith("/") else _kind_of(Path(n)) for n, _ in sub.skipped)
+    return f"no CT in it ({'holds ' + ', '.join(f'{n} {k}' for k, n in sorted(kinds.items())) if kinds else 'empty'})"
 
 
 def _kind_of(p: Path) -> str:

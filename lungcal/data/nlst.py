@@ -8,7 +8,9 @@ The study folder name starts with TCIA's shifted study date, which codes the scr
 ``01-02-1999`` -> T0, ``01-02-2000`` -> T1, ``01-02-2001`` -> T2. Study folders with another date
 are skipped (counted in the summary). Within a study the series folder with the most files is
 used (TCIA usually holds one reconstruction per kernel; the loader still picks the axial CT
-series inside the folder).
+series inside the folder). A study folder without DICOM files (a converted tree) is read as
+``lungcal qc`` reads a case folder (:func:`lungcal.data.folder.case_ct`): its one CT file, masks and
+annotations beside it skipped; one holding no CT or several is skipped and counted.
 
 The CT-level label (defined here, one year after the screen)
     ``label = 1`` when lung cancer was diagnosed within ``window_days`` (365) after that screen:
@@ -35,6 +37,7 @@ from tqdm import tqdm
 
 from lungcal.errors import DataError
 
+from .folder import case_ct, holds_dicom
 from .manifest import save_manifest, validate_rows
 from .sites import read_csv_rows
 from .splits import apply_splits, get_salt, pseudonym
@@ -149,7 +152,14 @@ def import_nlst(tcia_root: str | os.PathLike, clinical_csv: str | os.PathLike, *
             if t is None:
                 skipped["study date code not 01-02-1999/2000/2001"] += 1
                 continue
-            series = _best_series(study)
+            if holds_dicom(study) or not any(p for p in study.iterdir() if not p.name.startswith(".")):
+                series = _best_series(study)
+            else:  # a converted tree: the CT file of the study folder, as lungcal qc reads a case folder
+                try:
+                    series = case_ct(study)
+                except DataError as exc:
+                    skipped["study folder without one CT (" + exc.message.split(";")[0].split(" (")[0] + ")"] += 1
+                    continue
             if series is None:
                 skipped["empty study folder"] += 1
                 continue

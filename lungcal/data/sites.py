@@ -1,9 +1,11 @@
 """Hospital-site importer: a UPMC/UCD-style CSV -> datalist rows.
 
 The CSV has a header with the columns ``subject_id, image, label`` and optionally ``split``
-(other columns are ignored). ``image`` is a DICOM series folder or a NIfTI/MHD/MHA/NRRD file;
-relative paths resolve against the CSV's folder, absolute paths are kept, and Windows
-backslashes (``scans\\ct01``) are read as folder separators.
+(other columns are ignored). ``image`` is a DICOM series folder, a NIfTI/MHD/MHA/NRRD file, or a
+case folder holding one CT file beside its masks and annotations (read as ``lungcal qc`` reads a
+folder: :func:`lungcal.data.folder.case_ct`; the row then names that CT file); relative paths
+resolve against the CSV's folder, absolute paths are kept, and Windows backslashes
+(``scans\\ct01``) are read as folder separators.
 
 CSVs as hospitals write them (:func:`read_csv_rows`): UTF-8, UTF-8 with a byte-order mark (Excel's
 "CSV UTF-8"), UTF-16 with its mark (Excel's "Unicode text"), or Windows-1252 (Excel's plain "CSV" on
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from lungcal.errors import DataError
 
+from .folder import case_ct
 from .manifest import save_manifest, validate_rows
 from .splits import SPLITS, apply_splits, get_salt, pseudonym
 
@@ -167,6 +170,10 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
         if check_files and not img.exists():
             raise DataError(f"image not found: {img}", file=path, row=i, field="image",
                             fix="fix the path (relative paths resolve against the CSV's folder) or drop the row")
+        try:
+            img = case_ct(img)  # a case folder: the CT in it
+        except DataError as exc:
+            raise DataError(f"image {img}: {exc.message}", file=path, row=i, field="image", fix=exc.fix) from None
         split = r.get("split", "")
         if split and split not in SPLITS:
             raise DataError(f"split must be one of {list(SPLITS)} or empty, got {split!r}", file=path, row=i,

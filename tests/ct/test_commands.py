@@ -4,13 +4,14 @@ from __future__ import annotations
 import csv
 
 import numpy as np
+import pydicom
 import pytest
 
 from lungcal.cli import main
 from lungcal.ct.commands import parse_settings
 from lungcal.ct.qc import CHECKS
 from lungcal.data.manifest import save_manifest
-from lungcal.data.synthetic import ScannerProfile, make_phantom, write_nifti
+from lungcal.data.synthetic import ScannerProfile, fake_identifiers, make_phantom, write_dicom_series, write_nifti
 from lungcal.errors import ConfigError
 
 SHAPE, SPACING = (128, 128, 96), (2.5, 2.5, 2.5)
@@ -62,3 +63,33 @@ def test_settings_are_typed_and_checked():
     with pytest.raises(ConfigError, match="needs a float"):
         parse_settings(["max_slice_thickness_mm=thin"])
     assert main(["qc", "x.nii.gz", "--set", "nope=1"]) == 2  # one line on stderr, exit 2
+
+
+def test_a_folder_of_case_folders_is_read_whatever_format_each_case_holds(cts, tmp_path, capsys):
+    """As a new user points at a cohort: one case folder holds a NIfTI CT beside its reader-count mask and
+    annotation files, another a DICOM series (a PACS re-export, ORIGINAL\\SECONDARY) beside a CSV, a third
+    only annotations. Both CTs are checked; every other entry is named as skipped, with why."""
+    root = tmp_path / "cohort"
+    hu, origin, lungs = make_phantom(np.random.default_rng(3), SHAPE, SPACING, (), ScannerProfile(noise_hu=15))
+    write_nifti(hu, origin, SPACING, root / "case_a" / "ct.nii.gz")
+    readers = lungs.astype(np.int16)
+    readers[60:64, 60:64, 40:44] = 4  # voxels every reader marked
+    write_nifti(readers, origin, SPACING, root / "case_a" / "nodule_mask_nreaders.nii.gz")
+    (root / "case_a" / "annotation.xml").write_text("<LidcReadMessage/>")
+    ids = fake_identifiers(np.random.default_rng(5))
+    paths = write_dicom_series(hu, origin, SPACING, root / "case_b" / "dicom", ids)
+    for p in paths:
+        ds = pydicom.dcmread(p)
+        ds.ImageType = ["ORIGINAL", "SECONDARY", "AXIAL"]
+        ds.save_as(p)
+    (root / "case_b" / "lesions.csv").write_text("x,y,z\n")
+    (root / "case_c").mkdir()
+    (root / "case_c" / "boxes.xml").write_text("<annotation/>")
+    assert main(["qc", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "2 CT(s): 2 pass, 0 warn, 0 fail; 3 other file(s) skipped" in out, out
+    assert out.count("ct0000 ") == 1 and f"ct0000 {root / 'case_a' / 'ct.nii.gz'}: PASS" in out
+    assert f"ct0001 {root / 'case_b'}: PASS" in out and "re-exported" in out
+    assert "skipped case_a/annotation.xml: not a CT image (.xml)" in out
+    assert "skipped case_a/nodule_mask_nreaders.nii.gz: a label map (values 0, 1, 4)" in out
+    assert "skipped case_c/: no CT in it (holds 1 .xml)" in out

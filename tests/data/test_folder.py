@@ -43,7 +43,7 @@ def test_a_case_folder_gives_its_cts_and_names_every_skipped_entry(case):
     assert skipped["nodule_mask_nreaders.nii.gz"].startswith("a label map (values 0, 1, 2, 3, 4), not a CT image")
     assert "not Hounsfield units" in skipped["normalised.nii.gz"]
     assert skipped["annotation.xml"] == "not a CT image (.xml)" and skipped["nodules.csv"] == "not a CT image (.csv)"
-    assert skipped["annotation_xml/"] == "no DICOM files in it"
+    assert skipped["annotation_xml/"] == "no CT in it (holds 1 .xml)"
     assert found.skipped_lines()[0] == "skipped annotation.xml: not a CT image (.xml)"
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from lungcal.cli import main as cli_main
 from lungcal.data.nlst import import_nlst, nlst_label
 from lungcal.data.sites import import_site
 from lungcal.data.splits import pseudonym
-from lungcal.data.synthetic import fake_identifiers, write_dicom_series
+from lungcal.data.synthetic import fake_identifiers, write_dicom_series, write_nifti
 from lungcal.errors import DataError
 
 CSV_HEADER = "pid,candx_days,fup_days,scr_days0,scr_days1,scr_days2,cigsmok\n"
@@ -120,6 +121,45 @@ def test_import_site_errors(tmp_path, lines, header, row, field, match):
     with pytest.raises(DataError, match=match) as err:
         import_site(csv, "ucd", salt="k")
     assert err.value.row == row and err.value.field == field and "site.csv" in str(err.value)
+
+
+def _case_folders(root):
+    """Case folders as exported: a NIfTI CT beside its reader-count mask and XML; a DICOM series beside a CSV;
+    one with annotations only."""
+    hu = np.random.default_rng(0).integers(-1000, 400, (16, 16, 3)).astype(np.int16)
+    write_nifti(hu, (0.0, 0.0, 0.0), (1.0, 1.0, 2.0), root / "nifti_case" / "ct.nii.gz")
+    write_nifti((hu > 0).astype(np.uint8) * 4, (0.0, 0.0, 0.0), (1.0, 1.0, 2.0),
+                root / "nifti_case" / "nodule_mask_nreaders.nii.gz")
+    (root / "nifti_case" / "annotation.xml").write_text("<x/>")
+    _series(root / "dicom_case" / "dicom")
+    (root / "dicom_case" / "lesions.csv").write_text("x\n")
+    (root / "no_ct").mkdir(parents=True)
+    (root / "no_ct" / "boxes.xml").write_text("<x/>")
+
+
+def test_import_site_reads_a_case_folder_as_the_ct_in_it(tmp_path):
+    _case_folders(tmp_path / "cases")
+    csv = tmp_path / "site.csv"
+    csv.write_text("subject_id,image,label\nMRN1,cases/nifti_case,1\nMRN2,cases/dicom_case,0\n")
+    rows = import_site(csv, "upmc", salt="k", fractions=(0.5, 0.5, 0.0))
+    assert [r["image"] for r in rows] == [str(tmp_path / "cases" / "nifti_case" / "ct.nii.gz"),
+                                         str(tmp_path / "cases" / "dicom_case")]
+    csv.write_text("subject_id,image,label\nMRN1,cases/nifti_case,1\nMRN3,cases/no_ct,0\n")
+    with pytest.raises(DataError, match=r"no_ct: the folder holds no CT; found boxes.xml: not a CT image") as err:
+        import_site(csv, "upmc", salt="k")
+    assert err.value.row == 1 and err.value.field == "image" and "site.csv" in str(err.value)
+
+
+def test_import_nlst_reads_a_converted_study_folder_as_the_ct_in_it(tmp_path):
+    root = tmp_path / "NLST"
+    _case_folders(tmp_path / "cases")
+    for pid, case in (("100001", "nifti_case"), ("100002", "dicom_case"), ("100003", "no_ct")):
+        shutil.copytree(tmp_path / "cases" / case, root / pid / f"01-02-1999-NLST-LSS-{pid[-2:]}")
+    csv = tmp_path / "clinical.csv"
+    csv.write_text(CSV_HEADER + "".join(f"{pid},,2000,0,365,730,1\n" for pid in ("100001", "100002", "100003")))
+    rows = import_nlst(tmp_path, csv, salt="s", progress=False, fractions=(0.5, 0.5, 0.0))
+    assert sorted(r["image"] for r in rows) == [str(root / "100001" / "01-02-1999-NLST-LSS-01" / "ct.nii.gz"),
+                                                str(root / "100002" / "01-02-1999-NLST-LSS-02" / "dicom")]
 
 
 ACCENTED = "Müller-Gérard"  # an accented name: its bytes differ between UTF-8 and cp1252

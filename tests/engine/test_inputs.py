@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -12,9 +13,11 @@ import SimpleITK as sitk
 from lungcal.candidates.cache import build_bags
 from lungcal.ct.io import load_ct
 from lungcal.ct.transforms import preprocess_ct
+from lungcal.data.folder import find_cts
 from lungcal.data.manifest import load_manifest
 from lungcal.data.synthetic import ScannerProfile, fake_identifiers, make_phantom, write_dicom_series, write_nifti
 from lungcal.engine.data.inputs import KEY_FILE, read_inputs, write_key
+from lungcal.engine.data.unlabelled import unlabelled_rows
 from lungcal.errors import DataError
 
 SHAPE, SPACING = (64, 64, 32), (5.0, 5.0, 5.0)
@@ -108,3 +111,25 @@ def test_bad_inputs_name_the_file_or_the_row_and_field(data, tmp_path):
         build_bags([{"image": str(flat), "subject": "S9"}], {"spacing": [5.0, 5.0, 5.0]}, tmp_path / "bags",
                    num_workers=0, progress=False)
     assert _one_line(err.value).startswith("row 0, field 'image': could not build the bag of subject S9")
+
+
+def test_a_folder_of_case_folders_gives_predict_and_site_check_the_cts_qc_checks(data, tmp_path):
+    """A cohort folder of case folders, one holding a NIfTI CT beside its mask and XML, one a DICOM export, one
+    only annotations: predict, site-check (unlabelled rows) and qc (find_cts) see the same CTs in the same
+    order, and the key names each skipped entry by its path inside the cohort."""
+    cohort = tmp_path / "cohort"
+    shutil.copytree(data["case"], cohort / "LIDC-like")
+    shutil.copytree(data["dicom"], cohort / "PACS-export" / "dicom")
+    (cohort / "annotations").mkdir()
+    (cohort / "annotations" / "boxes.xml").write_text("<annotation/>")
+    want = [str((cohort / "LIDC-like" / "ct.nii.gz").absolute()), str((cohort / "PACS-export").absolute())]
+    found = read_inputs(cohort)
+    assert [r["image"] for r in found.rows] == want == [str(p) for p in find_cts(cohort).cts]
+    assert [r["subject"] for r in found.rows] == ["ct0000", "ct0001"]
+    assert [r["image"] for r in unlabelled_rows(cohort)] == want
+    assert dict(found.skipped) == {
+        "LIDC-like/nodule_mask.nii.gz": "a binary mask (values 0, 1), not a CT image: a CT holds air at about -1000 HU",
+        "LIDC-like/reader_1.xml": "not a CT image (.xml)", "annotations/": "no CT in it (holds 1 .xml)"}
+    key = list(csv.DictReader(write_key(found.rows, tmp_path, None, found.skipped, cohort).open()))
+    assert key[2]["image"] == str((cohort / "LIDC-like" / "nodule_mask.nii.gz").absolute())
+    np.testing.assert_array_equal(load_ct(found.rows[0]["image"]).numpy(), load_ct(found.rows[1]["image"]).numpy())
