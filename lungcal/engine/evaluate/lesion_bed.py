@@ -28,7 +28,7 @@ from monai.data import MetaTensor
 
 from lungcal.candidates.detector_config import detector_from_config
 from lungcal.candidates.sensitivity import lesion_ranks, wilson_interval
-from lungcal.ct.transforms import DEFAULT_HU_WINDOW, build_preprocess
+from lungcal.ct.transforms import build_preprocess
 from lungcal.data.synthetic.insertion import (
     KINDS,
     PLACES,
@@ -54,6 +54,8 @@ class Preset:
 
 
 PRESETS = {"default": Preset("default", 2.5, 8, 16), "fullres": Preset("fullres", 1.0, 16, 32)}
+#: the CT bundles' HU window (bundles/nlst_focal.json ``hu_window``), which the detectors see
+HU_WINDOW = (-1000.0, 400.0)
 #: size bands (mm) of the tables: nodules, then masses
 BANDS = ((0, 6), (6, 8), (8, 10), (10, 15), (15, 20), (20, 30), (30, 45), (45, 70))
 
@@ -154,7 +156,7 @@ def _mask_share(lung: np.ndarray, affine: np.ndarray, centre: np.ndarray, radius
 
 def score_scan(hu: np.ndarray, bg: Background, centres: np.ndarray, radii: np.ndarray, is_mass: np.ndarray,
                detectors: Mapping[str, Any], preset: Preset,
-               hu_window: Sequence[float] = DEFAULT_HU_WINDOW) -> dict[str, dict[str, Any]]:
+               hu_window: Sequence[float] = HU_WINDOW) -> dict[str, dict[str, Any]]:
     """Preprocess one HU volume at ``preset`` and score each detector's candidates against the lesions:
     per detector ``{"rank": (L,), "n": candidates, "seconds": detection time, "mask_share": (L,)}``."""
     image, lung, affine = _preprocessed(hu, bg, preset, hu_window)
@@ -170,21 +172,35 @@ def score_scan(hu: np.ndarray, bg: Background, centres: np.ndarray, radii: np.nd
     return res
 
 
-def bed_rows(backgrounds: Iterable[tuple[Path, list[RealLesion]]], detectors: Mapping[str, Mapping[str, Any]],
-             presets: Sequence[Preset], cells: Mapping[tuple[str, str], int], seed: int = 0, per_scan: int = 2,
-             progress: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+def _background(image: Path | Background, reals: Sequence[RealLesion]) -> Background:
+    """``image`` read as a background (its real lesions kept clear of), or as it is when already read."""
+    if isinstance(image, Background):
+        return image
+    return load_background(image, image.parent.name if image.name in ("ct.nii.gz", "dicom") else image.name,
+                           [(r.centre_ras, r.diameter_mm / 2) for r in reals])
+
+
+def bed_rows(backgrounds: Iterable[tuple[Path | Background, list[RealLesion]]],
+             detectors: Mapping[str, Mapping[str, Any]], presets: Sequence[Preset],
+             cells: Mapping[tuple[str, str], int], seed: int = 0, per_scan: int = 2,
+             progress: Callable[[str], None] | None = None,
+             on_scan: Callable[[Background, str, list[InsertedLesion]], None] | None = None
+             ) -> Iterator[dict[str, Any]]:
     """One row per inserted lesion, preset and detector (see the module docstring); the ``cells``
     ({(kind, place): count}) are shared out over the backgrounds as evenly as they have room.
-    ``detectors``: name -> detector config (``{"_target_": ...}`` or LoG keyword arguments)."""
+    ``detectors``: name -> detector config (``{"_target_": ...}`` or LoG keyword arguments).
+    A background is a CT path (read here) or a :class:`Background` already read. ``on_scan(bg, scan,
+    lesions)`` is called with each inserted scan's name and lesions (e.g. to write it)."""
     dets = {n: detector_from_config(dict(c)) for n, c in detectors.items()}
     bgs = list(backgrounds)
     rng = np.random.default_rng(seed)
     for b, (image, reals) in enumerate(bgs):
         share = {cell: n // len(bgs) + (1 if b < n % len(bgs) else 0) for cell, n in cells.items()}
-        bg = load_background(image, image.parent.name if image.name in ("ct.nii.gz", "dicom") else image.name,
-                             [(r.centre_ras, r.diameter_mm / 2) for r in reals])
+        bg = _background(image, reals)
         scans = plan_lesions(bg, share, rng, per_scan=per_scan)
         for i, lesions in enumerate(scans):
+            if on_scan is not None:
+                on_scan(bg, f"{bg.name}-{i:03d}", lesions)
             hu = insert_lesions(bg, lesions)
             centres = np.array([x.centre_ras for x in lesions])
             radii = np.array([x.radius_mm for x in lesions])
@@ -208,8 +224,8 @@ def _row(bg: str, scan: str, x: InsertedLesion, preset: Preset, det: str, s: Map
             "mask_share": round(float(s["mask_share"][j]), 3), "seconds": round(float(s["seconds"]), 3)}
 
 
-def score_real(backgrounds: Iterable[tuple[Path, list[RealLesion]]], detectors: Mapping[str, Mapping[str, Any]],
-               presets: Sequence[Preset]) -> list[dict[str, Any]]:
+def score_real(backgrounds: Iterable[tuple[Path | Background, list[RealLesion]]],
+               detectors: Mapping[str, Mapping[str, Any]], presets: Sequence[Preset]) -> list[dict[str, Any]]:
     """The real lesions of the backgrounds, each on its own scan as it is: one row per lesion, preset
     and detector (rank, in the bag, candidates; lesions of 30 mm or more are judged as masses)."""
     dets = {n: detector_from_config(dict(c)) for n, c in detectors.items()}
@@ -217,7 +233,7 @@ def score_real(backgrounds: Iterable[tuple[Path, list[RealLesion]]], detectors: 
     for image, reals in backgrounds:
         if not reals:
             continue
-        bg = load_background(image, reals[0].case)
+        bg = image if isinstance(image, Background) else load_background(image, reals[0].case)
         centres = np.array([r.centre_ras for r in reals])
         radii = np.array([r.diameter_mm / 2 for r in reals])
         mass = np.array([r.diameter_mm >= 30 for r in reals])
