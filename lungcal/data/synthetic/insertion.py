@@ -19,7 +19,7 @@ harmonics (``lobulation`` of the radius, 4 % for a nodule, 10 % for a mass).
 **How it is imaged** (:func:`lesion_delta`). The lesion is rasterised on the scan's own voxel grid
 with 3 x 3 x 3 sub-samples per voxel (its partial volume), as a change of the tissue already there,
 weighted by the share of each voxel the lesion fills; ``b`` is the local tissue level (the CT smoothed
-by a Gaussian of 1.5 mm):
+by a Gaussian of 1.5 mm, inside the lung over lung voxels only, so the chest wall does not raise it):
 
 - ground glass (and the halo of a part-solid nodule) lifts a voxel to its density,
   ``share * max(0, L - b)``, and leaves denser tissue as it is: vessels run through it, as on real CT;
@@ -65,10 +65,10 @@ from scipy import ndimage
 
 from lungcal.ct.acquisition import acquisition_stats
 from lungcal.ct.io import load_ct
-from lungcal.ct.masking import LungMasker
+from lungcal.ct.masking import LungMasker, fill_holes_2d
 
 __all__ = ["KINDS", "PLACES", "Background", "InsertedLesion", "choose_centre", "draw_lesion", "insert_lesions",
-           "lesion_delta", "load_background", "write_lesion_bed"]
+           "lesion_delta", "load_background", "plan_lesions", "read_truth", "write_lesion_bed"]
 
 KINDS = ("solid", "part-solid", "ground-glass", "mass")
 PLACES = ("free", "pleura", "mediastinum", "vessel")
@@ -170,6 +170,20 @@ def _radius_field(dirs: np.ndarray, lobulation: float, rng: np.random.Generator)
     return 1.0 + lobulation * np.clip(f, -2, 2) / 2
 
 
+def _tissue_level(hu: np.ndarray, lung: np.ndarray, sigma_vox: np.ndarray) -> np.ndarray:
+    """The local tissue level: the HU smoothed by a Gaussian, inside the lung over lung voxels only
+    (a normalised convolution), so the chest wall next to a juxtapleural lesion does not raise the
+    level its lift is measured from."""
+    h = hu.astype(np.float64)
+    plain = ndimage.gaussian_filter(h, sigma_vox, mode="nearest")
+    if not lung.any():
+        return plain
+    w = lung.astype(np.float64)
+    num = ndimage.gaussian_filter(h * w, sigma_vox, mode="nearest")
+    den = ndimage.gaussian_filter(w, sigma_vox, mode="nearest")
+    return np.where(lung & (den > 1e-3), num / np.maximum(den, 1e-3), plain)
+
+
 def lesion_delta(bg: Background, lesion: InsertedLesion, sub: int = 3) -> tuple[tuple[slice, ...], np.ndarray]:
     """The HU the lesion adds to ``bg``: ``(box, delta)`` with ``delta`` on ``bg.hu[box]`` (module
     docstring: partial volume on ``sub``^3 samples per voxel, a lift over the local tissue, blurred by
@@ -197,9 +211,10 @@ def lesion_delta(bg: Background, lesion: InsertedLesion, sub: int = 3) -> tuple[
     outer = (dist <= lesion.radius_mm * rel).mean(axis=1).reshape(shape)
     core = (dist <= lesion.radius_mm * lesion.core_frac * rel).mean(axis=1).reshape(shape) \
         if lesion.core_frac > 0 else np.zeros(shape)
-    tissue = ndimage.gaussian_filter(bg.hu[box].astype(np.float64), 1.5 / spacing, mode="nearest")
+    lung = bg.lung[box]
+    tissue = _tissue_level(bg.hu[box], lung, 1.5 / spacing)
     if lesion.core_frac >= 1:  # solid: it replaces the lung it fills, vessels included; against the
-        lung = bg.lung[box]     # chest wall or mediastinum it adds density only where that is lighter
+        # chest wall or mediastinum it adds density only where that is lighter
         lift = outer * np.where(lung, lesion.solid_hu - tissue, np.maximum(lesion.solid_hu - tissue, 0.0))
     else:  # ground glass lifts the lung to its density and leaves denser tissue (vessels) as it is
         lift = outer * np.maximum(lesion.gg_hu - tissue, 0.0)
@@ -238,8 +253,11 @@ def _geometry(bg: Background, voxel_mm: float = 2.0) -> _Geometry:
     sp0 = bg.spacing
     step = np.maximum(1, np.floor(voxel_mm / sp0 + 1e-6)).astype(int)
     cut = tuple(slice(int(s) // 2, None, int(s)) for s in step)
-    lung, sp = bg.lung[cut], sp0 * step
+    sp = sp0 * step
     smooth = ndimage.gaussian_filter(bg.hu, 1.0 / sp0)[cut]
+    # the aerated lung, tight to the pleura (the masker's mask is generous by a few mm there), with
+    # the vessels inside it filled in slice by slice
+    lung = fill_holes_2d(bg.lung[cut] & (smooth < -400))
     depth, idx = ndimage.distance_transform_edt(lung, sampling=sp, return_indices=True)
     pts = np.argwhere(lung)
     out_pts = idx[(slice(None), pts[:, 0], pts[:, 1], pts[:, 2])].T  # nearest voxel outside the lung
