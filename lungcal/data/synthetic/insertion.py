@@ -38,9 +38,11 @@ smoother than the scan around it.
 
 - ``free``: deep in the lung, at least the radius plus 5 mm from the pleura and from vessels;
 - ``pleura``: against the chest wall: the centre ``0.7 r`` inside the costal pleura (anterior,
-  lateral or posterior; ``posterior`` in the truth says whether it lies on the dependent, posterior
-  wall);
-- ``mediastinum``: against the mediastinum or hilum: the same, on the medial pleura;
+  lateral or posterior: the nearest surface faces neither the midline nor down or up, so neither the
+  mediastinum nor the diaphragm or apex; ``posterior`` in the truth says whether it lies on the
+  dependent, posterior wall);
+- ``mediastinum``: against the mediastinum or hilum: the same, on the medial pleura (the nearest
+  surface faces the midline, within the inner 60 % of the lung's half-width);
 - ``vessel``: touching a vessel: the centre between ``0.5 r`` and ``r`` from a vessel of at least
   3 mm, away from the pleura.
 
@@ -157,17 +159,57 @@ def load_background(path: str | Path, name: str | None = None,
                       [(np.asarray(c, np.float64), float(r)) for c, r in exclude], getattr(img, "meta", None))
 
 
-def _radius_field(dirs: np.ndarray, lobulation: float, rng: np.random.Generator) -> np.ndarray:
-    """A smooth relative radius ``1 + lobulation * f(direction)`` over unit vectors ``dirs`` (N, 3):
-    a few random low-order harmonics (cosines of projections on random axes), ``f`` in about [-1, 1]."""
+def _harmonics(lobulation: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The lesion's surface: a few random low-order harmonics (axes, frequencies, phases; None: a sphere)."""
     if lobulation <= 0:
-        return np.ones(len(dirs))
+        return None
     axes = rng.normal(size=(5, 3))
     axes /= np.linalg.norm(axes, axis=1, keepdims=True)
-    freq = rng.integers(2, 5, size=5)
-    phase = rng.uniform(0, 2 * np.pi, size=5)
+    return axes, rng.integers(2, 5, size=5), rng.uniform(0, 2 * np.pi, size=5)
+
+
+def _radius_field(dirs: np.ndarray, lobulation: float,
+                  harmonics: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """A smooth relative radius ``1 + lobulation * f(direction)`` over unit vectors ``dirs`` (N, 3):
+    the ``harmonics`` (cosines of projections on random axes), ``f`` in [-1, 1], so the radius lies
+    within ``1 -/+ lobulation``."""
+    if harmonics is None:
+        return np.ones(len(dirs))
+    axes, freq, phase = harmonics
     f = np.cos(freq[None] * np.arccos(np.clip(dirs @ axes.T, -1, 1)) + phase[None]).sum(axis=1) / np.sqrt(5)
     return 1.0 + lobulation * np.clip(f, -2, 2) / 2
+
+
+def _shares(shape: tuple[int, ...], lo: np.ndarray, centre_vox: np.ndarray, spacing: np.ndarray,
+            radii: Sequence[float], lobulation: float, harmonics: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+            sub: int, chunk: int = 16384) -> list[np.ndarray]:
+    """The share of each voxel of a box (``shape``, first voxel ``lo``) inside the lobulated surface
+    of each radius in ``radii`` (mm), on ``sub``^3 samples per voxel. A voxel wholly inside or outside
+    the surface's range of radii is decided from its centre; only those the surface may cross are
+    sampled, ``chunk`` voxels at a time (the memory of a 7 cm mass at 1 mm stays small)."""
+    o = (np.arange(sub) + 0.5) / sub - 0.5  # sub-voxel sample offsets, in voxels, centred in each voxel
+    offs = np.stack(np.meshgrid(o, o, o, indexing="ij"), -1).reshape(1, -1, 3)
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), -1).reshape(-1, 3).astype(np.float64)
+    d0 = np.linalg.norm((grid + lo - centre_vox) * spacing, axis=1)  # each voxel centre's distance (mm)
+    spread = float(np.linalg.norm(o.max() * spacing)) + 1e-6  # the farthest a sample lies from its voxel's centre
+    lob = max(float(lobulation), 0.0) if harmonics is not None else 0.0
+    out, todo = [], np.zeros(len(grid), bool)
+    for r in radii:
+        share = np.zeros(len(grid))
+        share[d0 + spread < r * (1 - lob) * (1 - 1e-9)] = 1.0
+        todo |= (d0 + spread >= r * (1 - lob) * (1 - 1e-9)) & (d0 - spread <= r * (1 + lob) * (1 + 1e-9))
+        out.append(share)
+    idx = np.flatnonzero(todo)
+    for start in range(0, len(idx), chunk):
+        sel = idx[start:start + chunk]
+        pts = (grid[sel, None, :] + offs + lo) - centre_vox  # (n, S, 3) voxel offsets from the centre
+        mm = pts * spacing  # the affine is a rotation of the voxel axes (RAS-ordered): distances are per-axis mm
+        dist = np.linalg.norm(mm, axis=-1)
+        dirs = mm.reshape(-1, 3) / np.maximum(dist.reshape(-1, 1), 1e-9)
+        rel = _radius_field(dirs, lobulation, harmonics).reshape(dist.shape)
+        for share, r in zip(out, radii):
+            share[sel] = (dist <= r * rel).mean(axis=1)
+    return [share.reshape(shape) for share in out]
 
 
 def _tissue_level(hu: np.ndarray, lung: np.ndarray, sigma_vox: np.ndarray) -> np.ndarray:
@@ -198,19 +240,10 @@ def lesion_delta(bg: Background, lesion: InsertedLesion, sub: int = 3) -> tuple[
     shape = tuple(int(b - a) for a, b in zip(lo, hi))
     if min(shape) <= 0:
         raise ValueError(f"lesion centre {lesion.centre_ras} lies outside the scan {bg.name}")
-    rng = np.random.default_rng(lesion.seed)
-    # sub-voxel sample offsets, in voxels, centred in each voxel
-    o = (np.arange(sub) + 0.5) / sub - 0.5
-    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shape], indexing="ij"), -1).reshape(-1, 1, 3).astype(np.float64)
-    offs = np.stack(np.meshgrid(o, o, o, indexing="ij"), -1).reshape(1, -1, 3)
-    pts = (grid + offs + lo) - centre_vox  # (V, S, 3) voxel offsets from the centre
-    mm = pts * spacing  # the affine is a rotation of the voxel axes (RAS-ordered), so distances are per-axis mm
-    dist = np.linalg.norm(mm, axis=-1)
-    dirs = mm.reshape(-1, 3) / np.maximum(dist.reshape(-1, 1), 1e-9)
-    rel = _radius_field(dirs, lesion.lobulation, rng).reshape(dist.shape)
-    outer = (dist <= lesion.radius_mm * rel).mean(axis=1).reshape(shape)
-    core = (dist <= lesion.radius_mm * lesion.core_frac * rel).mean(axis=1).reshape(shape) \
-        if lesion.core_frac > 0 else np.zeros(shape)
+    harmonics = _harmonics(lesion.lobulation, np.random.default_rng(lesion.seed))
+    radii = [lesion.radius_mm] + ([lesion.radius_mm * lesion.core_frac] if lesion.core_frac > 0 else [])
+    outer, *rest = _shares(shape, lo, centre_vox, spacing, radii, lesion.lobulation, harmonics, sub)
+    core = rest[0] if rest else np.zeros(shape)
     lung = bg.lung[box]
     tissue = _tissue_level(bg.hu[box], lung, 1.5 / spacing)
     if lesion.core_frac >= 1:  # solid: it replaces the lung it fills, vessels included; against the
@@ -243,6 +276,7 @@ class _Geometry:
     depth_mm: np.ndarray  #: (N,) distance to the outside of the lung mask (mm)
     vessel_mm: np.ndarray  #: (N,) distance to the nearest vessel of at least ~3 mm (mm)
     medial: np.ndarray  #: (N,) the nearest pleura is the mediastinal one
+    costal: np.ndarray  #: (N,) the nearest pleura is the chest wall's (facing out, front or back; not down or up)
     posterior: np.ndarray  #: (N,) the nearest pleura faces back (the dependent, posterior wall)
     z_room_mm: np.ndarray  #: (N,) distance to the first or last slice (mm)
 
@@ -274,10 +308,12 @@ def _geometry(bg: Background, voxel_mm: float = 2.0) -> _Geometry:
     midline = float(np.median(ras[:, 0]))
     half = np.abs(ras[:, 0] - midline)
     towards_mid = np.sign(midline - ras[:, 0]) * normal[:, 0]
-    medial = (towards_mid > 0.5) & (half < 0.6 * half.max())
+    sideways = np.abs(normal[:, 2]) < 0.7  # not the diaphragm below nor the apex above
+    medial = (towards_mid > 0.5) & (half < 0.6 * half.max()) & sideways
+    costal = (towards_mid < 0.3) & sideways
     z = pts[:, 2] * sp[2]
     geo = _Geometry(step, ras, depth[tuple(pts.T)].astype(np.float32), vessel_mm[tuple(pts.T)].astype(np.float32),
-                    medial, normal[:, 1] < -0.6, np.minimum(z, (lung.shape[2] - 1) * sp[2] - z))
+                    medial, costal, normal[:, 1] < -0.6, np.minimum(z, (lung.shape[2] - 1) * sp[2] - z))
     bg.geometry = geo
     return geo
 
@@ -299,7 +335,7 @@ def choose_centre(bg: Background, place: str, diameter_mm: float, rng: np.random
         ok = (geo.depth_mm >= r + 4) & (geo.vessel_mm >= 0.5 * r) & (geo.vessel_mm <= max(r, 0.5 * r + grid_mm))
     else:  # against the pleura: the centre 0.7 r inside it, the nearest pleura of that kind
         ok = np.abs(geo.depth_mm - 0.7 * r) <= max(grid_mm, 0.15 * r)
-        ok &= geo.medial if place == "mediastinum" else ~geo.medial
+        ok &= geo.medial if place == "mediastinum" else geo.costal
         if place == "pleura" and posterior is not None:
             ok &= geo.posterior if posterior else ~geo.posterior
     ok &= geo.z_room_mm >= r + 5  # the whole lesion inside the scan's z range
