@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from lungcal.data.synthetic import make_cohort
+from lungcal.data.synthetic.insertion import Background, load_background
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -47,3 +49,16 @@ def tiny_cohort(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_cohort")
     return Path(make_cohort(out, n_subjects=15, prevalence=0.5, seed=1, shape=(64, 64, 48), spacing=(5.0, 5.0, 5.0),
                             formats=("dicom",), progress=False))
+
+
+@pytest.fixture(scope="session")
+def lidc_background(shared_dir) -> Background:
+    """LIDC-IDRI-0001 (a real 2.5 mm chest CT, ../shared/data/ct) read once as a lesion-insertion background,
+    its 3 cm nodule kept clear of, where lesions go computed once; tests must not change it."""
+    case = shared_dir / "data" / "ct" / "LIDC-IDRI-0001"
+    if not (case / "ct.nii.gz").is_file():
+        pytest.skip(f"the real CT LIDC-IDRI-0001 is not in {case.parent}")
+    with open(case / "nodules_consensus.csv", newline="") as fh:  # LPS mm -> RAS
+        reals = [((-float(r["lps_x_mm"]), -float(r["lps_y_mm"]), float(r["lps_z_mm"])),
+                  float(r["mean_max_xy_extent_mm"]) / 2) for r in csv.DictReader(fh)]
+    return load_background(case / "ct.nii.gz", case.name, reals)
