@@ -284,7 +284,8 @@ def sensitivity_table(rows: Sequence[Mapping[str, Any]], by: Sequence[str] = ("k
         for c in cols:
             rs = groups[key].get(c, [])
             k = sum(r["in_bag"] for r in rs)
-            cells.append(_pct(k, len(rs)))
+            reached = [int(r["rank"]) for r in rs if int(r["rank"]) > 0]
+            cells.append(_pct(k, len(rs)) + (f", rank {np.median(reached):g}" if reached else ""))
         lines.append("| " + " | ".join(str(v) for v in key) + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
