@@ -1,4 +1,5 @@
-"""``lungcal recalibrate``, ``lungcal build-bags`` and ``lungcal predict``: the CT engine's sub-commands.
+"""``lungcal recalibrate``, ``lungcal build-bags``, ``lungcal predict`` and ``lungcal lesion-bed``: the CT
+engine's sub-commands.
 
 Heavy imports (torch, MLflow, MONAI) happen inside the command, so ``lungcal --help`` stays fast
 (the only function-local imports the lint contract allows). User errors are
@@ -14,7 +15,8 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``recalibrate``, ``site-check``, ``adapt-curve`` and ``build-bags`` to the ``lungcal`` parser."""
+    """Add ``recalibrate``, ``site-check``, ``adapt-curve``, ``build-bags``, ``predict`` and ``lesion-bed`` to the
+    ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -163,6 +165,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--batch-size", type=int, default=16, help="CTs per forward pass")
     q.set_defaults(func=_predict)
 
+    lb = subparsers.add_parser(
+        "lesion-bed", help="insert lesions into real CTs and measure what reaches each detector's bag",
+        description="Insert simulated lesions (solid, part-solid and ground-glass nodules of 4-30 mm, masses of "
+        "30-70 mm; free in the lung, against the costal pleura, against the mediastinum, touching a vessel) into "
+        "the real CTs of a folder (docs/phantoms.md: partial volume, a lift over the local tissue, the scan's "
+        "measured point spread, its noise kept), run each inserted scan through the pipeline's preprocessing "
+        "and each detector at each bag preset, and score every lesion: in the bag (a nodule's centre 5 mm inside "
+        "a bag patch; a mass: a bag candidate on it), its rank, the candidates per CT. The CTs' own annotated "
+        "lesions are scored as they are. Writes rows.csv and real.csv, prints the tables. A CT that cannot be "
+        "read or fails a series check is skipped with its reason.")
+    lb.add_argument("--backgrounds", required=True, metavar="DIR",
+                    help="a folder of real chest CTs or of case folders (e.g. ../shared/data/ct); annotations "
+                         "beside a CT (nodules_consensus.csv, luna16_annotation.csv, lesions.csv, tumor_bboxes.csv) "
+                         "are its real lesions, which inserted ones keep clear of")
+    lb.add_argument("--cases", nargs="+", default=None, metavar="NAME",
+                    help="only these cases (case folder names, or file names without suffix)")
+    lb.add_argument("--per-cell", type=int, default=30, metavar="N",
+                    help="lesions per kind x place, shared out over the backgrounds (default 30)")
+    lb.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
+                    help="lesion kinds: solid part-solid ground-glass mass (default: all)")
+    lb.add_argument("--places", nargs="+", default=None, metavar="PLACE",
+                    help="places: free pleura mediastinum vessel (default: all)")
+    lb.add_argument("--preset", nargs="+", default=None, metavar="NAME",
+                    help="bag presets: default (2.5 mm voxels, K 8, P 16), fullres (1 mm, K 16, P 32); "
+                         "default: default")
+    lb.add_argument("--detector", action="append", default=None, metavar="NAME=SPEC",
+                    help="a detector to score (repeatable): SPEC is {} (the bundles' LoG detector), a class path, a "
+                         "JSON object of its config, or a bundle JSON with a 'detector' section (e.g. "
+                         "subsolid=bundles/nlst_subsolid.json); default: default={}")
+    lb.add_argument("--seed", type=int, default=0, help="seed of the lesions' kinds, sizes and places (default 0)")
+    lb.add_argument("--out", default=None, metavar="DIR",
+                    help="output folder (default: <output_dir>/lesion_bed/<timestamp>); must not hold a bed already")
+    lb.add_argument("--write-scans", action="store_true",
+                    help="also write each inserted scan (NIfTI, int16 HU) with truth.csv and datalist.json under "
+                         "<out>/scans, so a site can run its own pipeline on them")
+    lb.set_defaults(func=_lesion_bed)
+
 
 def _recalibrate(args: argparse.Namespace) -> int:
     from lungcal.engine.site.recalibrate import DEFAULT_QC, format_summary, recalibrate
@@ -255,4 +294,14 @@ def _predict(args: argparse.Namespace) -> int:
                  output_dir=args.output_dir, tracking_uri=args.tracking_uri, device=args.device,
                  num_workers=args.num_workers, batch_size=args.batch_size, qc=qc,
                  refer_below=args.refer_below, pictures=not args.no_pictures, mode="predict").run()
+    return 0
+
+
+def _lesion_bed(args: argparse.Namespace) -> int:
+    from lungcal.engine.evaluate.lesion_bed_run import format_report, run_lesion_bed
+
+    run = run_lesion_bed(args.backgrounds, cases=args.cases, per_cell=args.per_cell, kinds=args.kinds,
+                         places=args.places, presets=args.preset, detectors=args.detector, seed=args.seed,
+                         out=args.out, write_scans=args.write_scans)
+    print(format_report(run))
     return 0
