@@ -1,0 +1,79 @@
+"""LesionDetector: its two channels interleaved by a pattern of slots, the ground-glass channel, its
+config; on a real background (LIDC-IDRI-0001 with lesions inserted), every lesion type in every place
+reaches the default bag."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lungcal.candidates.detector import Candidates, LoGBlobDetector
+from lungcal.candidates.detector_config import detector_config, detector_from_config
+from lungcal.candidates.lesions import GlassChannel, LesionDetector, interleave
+from lungcal.candidates.sensitivity import lesion_ranks
+from lungcal.data.synthetic.insertion import InsertedLesion, choose_centre, draw_lesion, insert_lesions
+from lungcal.engine.evaluate.lesion_bed import PRESETS, _preprocessed
+
+WINDOW = (-1000.0, 400.0)
+
+
+def _cands(xs, radius=1.0):
+    vox = np.array([[x, 0, 0] for x in xs], np.int64).reshape(-1, 3)
+    score = np.arange(len(xs), 0, -1, dtype=float)
+    return Candidates(vox, vox.astype(float), np.full(len(xs), radius), score)
+
+
+def test_interleave_follows_the_pattern_and_skips_overlaps():
+    solid, glass = _cands([0, 100, 200, 300]), _cands([1000, 100, 2000])
+    out = interleave({"S": solid, "G": glass}, "SSG", (1, 1, 1), top_k=10)
+    # S S G S S G ...: the glass 100 overlaps the solid one taken before it, so the glass 2000 comes next
+    assert out.voxel[:, 0].tolist() == [0, 100, 1000, 200, 300, 2000]
+    assert np.all(np.diff(out.score) < 0) and out.score[0] == len(out)
+
+
+def test_interleave_gives_a_spent_channels_slots_to_the_other():
+    out = interleave({"S": _cands([0]), "G": _cands([10, 20, 30])}, "SG", (1, 1, 1), top_k=3)
+    assert out.voxel[:, 0].tolist() == [0, 10, 20]
+    assert len(interleave({"S": Candidates(), "G": Candidates()}, "SG", (1, 1, 1), top_k=3)) == 0
+
+
+def test_interleave_refuses_a_pattern_naming_a_missing_channel():
+    with pytest.raises(ValueError, match="pattern"):
+        interleave({"S": _cands([0])}, "SG", (1, 1, 1), top_k=3)
+
+
+def test_the_config_rebuilds_it():
+    det = LesionDetector(pattern="SG", glass={"median_mm": 4.0}, hu_window=[-1000, 400])
+    cfg = detector_config(det)
+    assert cfg["_target_"] == "lungcal.candidates.lesions.LesionDetector"
+    again = detector_from_config(cfg)
+    assert isinstance(again, LesionDetector) and again.config() == det.config()
+    with pytest.raises(ValueError, match="pattern"):
+        LesionDetector(pattern="SX")
+
+
+def _scan(bg, specs, seed):
+    """``bg`` with lesions ``(kind, place, diameter, gg_hu, core_frac)`` inserted, preprocessed at the
+    default preset: image, lung mask, affine and the lesions."""
+    rng = np.random.default_rng(seed)
+    lesions: list[InsertedLesion] = []
+    for kind, place, d, gg, core in specs:
+        got = choose_centre(bg, place, d, rng, [(np.asarray(x.centre_ras), x.radius_mm) for x in lesions])
+        assert got is not None, (kind, place)
+        lesions.append(InsertedLesion(place=place, centre_ras=tuple(float(v) for v in got[0]),  # type: ignore[arg-type]
+                                      posterior=got[1], seed=seed, **draw_lesion(kind, rng, d, gg, core)))
+    image, lung, affine = _preprocessed(insert_lesions(bg, lesions), bg, PRESETS["default"], WINDOW)
+    return np.asarray(image[0]), lung, affine, lesions
+
+
+def _ranks(c: Candidates, lesions, affine, patch):
+    return lesion_ranks(np.array([x.centre_ras for x in lesions]), np.array([x.radius_mm for x in lesions]),
+                        np.array([x.kind == "mass" for x in lesions]), c.voxel, c.world, affine, patch)
+
+
+def test_the_glass_channel_ranks_ground_glass_the_solid_search_leaves_out(lidc_background):
+    image, lung, affine, lesions = _scan(lidc_background, [("ground-glass", "free", 14.0, -600.0, None)], seed=3)
+    sp = np.linalg.norm(affine[:3, :3], axis=0)
+    glass = _ranks(GlassChannel(hu_window=WINDOW).detect(image, lung, sp, affine), lesions, affine, 16)
+    solid = _ranks(LoGBlobDetector().detect(image, lung, sp, affine), lesions, affine, 16)
+    assert 0 < glass[0] <= 3, glass
+    assert solid[0] == 0 or solid[0] > glass[0], (solid, glass)
