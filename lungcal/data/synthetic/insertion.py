@@ -17,22 +17,23 @@ Each has a slightly irregular surface: the radius varies with direction by a few
 harmonics (``lobulation`` of the radius, 4 % for a nodule, 10 % for a mass).
 
 **How it is imaged** (:func:`lesion_delta`). The lesion is rasterised on the scan's own voxel grid
-with 3 x 3 x 3 sub-samples per voxel (its partial volume), as a change of the tissue already there,
-weighted by the share of each voxel the lesion fills; ``b`` is the local tissue level (the CT smoothed
-by a Gaussian of 1.5 mm, inside the lung over lung voxels only, so the chest wall does not raise it):
+with 3 x 3 x 3 sub-samples per voxel (its partial volume): ``share`` is the part of each voxel the
+lesion fills; ``b`` is the local tissue level (the CT smoothed by a Gaussian of 1.5 mm, inside the
+lung over lung voxels only, so the chest wall does not raise it). ``PSF`` is the scanner's point
+spread: a Gaussian of the scan's measured in-plane edge width (:func:`lungcal.ct.acquisition.edge_sigma`,
+floor 0.4 mm) across the slice, and of the slice profile along it (FWHM = the slice spacing).
 
-- ground glass (and the halo of a part-solid nodule) lifts a voxel to its density,
-  ``share * max(0, L - b)``, and leaves denser tissue as it is: vessels run through it, as on real CT;
-  a solid core lifts it on to the solid density;
-- a solid nodule or mass *replaces* the lung it fills, vessels included (``share * (L - b)`` inside the
-  lung mask), and outside the lung adds density only where the tissue is lighter (``max(0, ...)``):
-  against the chest wall or the mediastinum it merges with them and never darkens a rib.
-
-The change is then blurred by the scanner's point spread: a Gaussian of the scan's measured
-in-plane edge width (:func:`lungcal.ct.acquisition.edge_sigma`, floor 0.4 mm) across the slice, and
-of the slice profile along it (FWHM = the slice spacing). The scan's own voxels are kept under the
-lesion and the change is added to them, so its noise and texture stay in place: the lesion is not
-smoother than the scan around it.
+- ground glass (and the halo of a part-solid nodule) *lifts* a voxel to its density,
+  ``PSF * (share * max(0, L - b))`` added to the scan, and leaves denser tissue as it is: vessels run
+  through it, as on real CT, and the scan's own noise and texture stay in place under it;
+- a solid nodule, a mass and a part-solid core *replace* the lung they fill, vessels included: with
+  ``a = PSF * (share inside the lung mask)``, the voxel becomes ``(1 - a) * scan + a * (L + n)``, where
+  ``n`` is noise of the scan's measured level (``noise_hu``, the HU spread in its soft tissue) and
+  blur (white noise through the PSF), drawn from the lesion's seed. A solid lesion is no smoother than
+  soft tissue on that scan, and the lung's own texture (vessels, their edges) does not show through
+  it. Outside the lung a solid lesion adds density only where the tissue is lighter
+  (``PSF * (share * max(0, L - b))``): against the chest wall or the mediastinum it merges with them
+  and never darkens a rib.
 
 **Where** (:func:`choose_centre`), on the scan's lung mask (:class:`lungcal.ct.masking.LungMasker`):
 
@@ -127,20 +128,22 @@ class Background:
     exclude: list[tuple[np.ndarray, float]] = field(default_factory=list)  #: real lesions: (centre RAS, radius)
     meta: Any = None  #: the loader's MetaTensor metadata, to rebuild one around a new volume
     geometry: Any = field(default=None, repr=False)  #: where lesions can go (computed once, on first use)
+    noise_hu: float = 20.0  #: the scan's noise (HU std in soft tissue), which a solid lesion carries
 
     @property
     def spacing(self) -> np.ndarray:
         return np.linalg.norm(self.affine[:3, :3], axis=0)
 
 
-def _psf_sigma(hu: np.ndarray, spacing: np.ndarray) -> np.ndarray:
+def _psf_and_noise(hu: np.ndarray, spacing: np.ndarray) -> tuple[np.ndarray, float]:
     """The scanner's point spread as Gaussian sigmas (mm): in-plane from the measured skin-air edge
     width (at least 0.4 mm; 0.7 mm where none can be measured), along z a slice profile of FWHM
-    the slice spacing."""
+    the slice spacing; and its noise (HU std in soft tissue; 20 HU where none can be measured)."""
     stats = acquisition_stats(hu, spacing)
     edge = float(stats.edge_sigma_mm) if stats is not None and np.isfinite(stats.edge_sigma_mm) else 0.7
     edge = max(edge, 0.4)
-    return np.array([edge, edge, float(spacing[2]) / 2.355])
+    noise = float(stats.noise_hu) if stats is not None and np.isfinite(stats.noise_hu) else 20.0
+    return np.array([edge, edge, float(spacing[2]) / 2.355]), noise
 
 
 def load_background(path: str | Path, name: str | None = None,
@@ -155,8 +158,10 @@ def load_background(path: str | Path, name: str | None = None,
                         np.float64)
     spacing = np.linalg.norm(affine[:3, :3], axis=0)
     lung = np.asarray(LungMasker()(hu, spacing), bool)
-    return Background(name or Path(path).name, hu, affine, lung, _psf_sigma(hu, spacing),
-                      [(np.asarray(c, np.float64), float(r)) for c, r in exclude], getattr(img, "meta", None))
+    psf, noise = _psf_and_noise(hu, spacing)
+    return Background(name or Path(path).name, hu, affine, lung, psf,
+                      [(np.asarray(c, np.float64), float(r)) for c, r in exclude], getattr(img, "meta", None),
+                      noise_hu=noise)
 
 
 def _harmonics(lobulation: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -245,15 +250,24 @@ def lesion_delta(bg: Background, lesion: InsertedLesion, sub: int = 3) -> tuple[
     outer, *rest = _shares(shape, lo, centre_vox, spacing, radii, lesion.lobulation, harmonics, sub)
     core = rest[0] if rest else np.zeros(shape)
     lung = bg.lung[box]
-    tissue = _tissue_level(bg.hu[box], lung, 1.5 / spacing)
-    if lesion.core_frac >= 1:  # solid: it replaces the lung it fills, vessels included; against the
-        # chest wall or mediastinum it adds density only where that is lighter
-        lift = outer * np.where(lung, lesion.solid_hu - tissue, np.maximum(lesion.solid_hu - tissue, 0.0))
+    hu = bg.hu[box].astype(np.float64)
+    tissue = _tissue_level(hu, lung, 1.5 / spacing)
+    sigma = bg.psf_sigma_mm / spacing
+
+    def blur(x: np.ndarray) -> np.ndarray:
+        return ndimage.gaussian_filter(x, sigma, mode="constant")
+
+    if lesion.core_frac >= 1:  # solid: outside the lung (the chest wall, the mediastinum) it adds density only
+        delta = blur(outer * ~lung * np.maximum(lesion.solid_hu - tissue, 0.0))  # where that is lighter
+        solid = outer * lung
     else:  # ground glass lifts the lung to its density and leaves denser tissue (vessels) as it is
-        lift = outer * np.maximum(lesion.gg_hu - tissue, 0.0)
-        if lesion.core_frac > 0:
-            lift += core * np.maximum(lesion.solid_hu - np.maximum(tissue, lesion.gg_hu), 0.0)
-    delta = ndimage.gaussian_filter(lift, bg.psf_sigma_mm / spacing, mode="constant")
+        delta = blur(outer * np.maximum(lesion.gg_hu - tissue, 0.0))
+        solid = core * lung
+    if solid.any():  # the solid part replaces the lung it fills, vessels included, and carries the scan's noise
+        share = blur(solid)
+        noise = ndimage.gaussian_filter(np.random.default_rng([lesion.seed, 1]).standard_normal(shape), sigma)
+        noise *= bg.noise_hu / max(float(noise.std()), 1e-6)
+        delta += share * (lesion.solid_hu + noise - (hu + delta))
     return box, delta.astype(np.float32)
 
 

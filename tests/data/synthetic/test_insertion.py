@@ -139,6 +139,29 @@ def test_a_vessel_inside_ground_glass_keeps_its_hu(lidc_background):
     assert abs(np.median(lift[vessel])) < 30, np.median(lift[vessel])  # the vessel is left as it was
 
 
+def _robust_std(x: np.ndarray) -> float:
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def test_a_solid_nodule_replaces_the_vessel_it_covers_and_carries_the_scans_noise(lidc_background):
+    """Against a vessel of 3 mm or more, a solid nodule reads soft tissue where the vessel ran (no brighter
+    ghost of it), and its inside is as noisy as the scan's soft tissue (acquisition noise_hu), not smoother
+    and not the lung's texture."""
+    bg = lidc_background
+    for seed in range(20, 30):
+        les = _lesion(bg, "solid", "vessel", 24.0, seed=seed)
+        box, before, after, d = _inserted(bg, les, 20)
+        vessel = (before > -50) & (d <= 0.8 * les.radius_mm)
+        if vessel.sum() >= 10:
+            break
+    else:
+        pytest.fail("no vessel ran through 10 nodules placed against a vessel")
+    inner = d <= 0.8 * les.radius_mm
+    assert abs(np.median(after[vessel]) - 40.0) < 2 * bg.noise_hu  # the vessel is gone under it
+    assert np.percentile(after[inner], 99) < 40.0 + 4 * bg.noise_hu  # no bright vessel ghost inside
+    assert 0.7 < _robust_std(after[d <= 0.5 * les.radius_mm]) / bg.noise_hu < 1.3
+
+
 def _surface(bg: Background, centre, half_mm: float, patch_mm: float = 2.0):
     """Distance (mm) from ``centre`` to the nearest voxel outside the aerated lung (the lung mask where the
     CT smoothed by 1 mm reads below -400 HU, vessels filled slice by slice), on the scan's full grid (whole
@@ -207,7 +230,8 @@ def _crop(bg: Background, centre, half_mm: float) -> Background:
     box = _box(bg, centre, half_mm)
     affine = bg.affine.copy()
     affine[:3, 3] = bg.affine[:3, :3] @ [s.start for s in box] + bg.affine[:3, 3]
-    return Background("crop", bg.hu[box].copy(), affine, bg.lung[box].copy(), bg.psf_sigma_mm.copy())
+    return Background("crop", bg.hu[box].copy(), affine, bg.lung[box].copy(), bg.psf_sigma_mm.copy(),
+                      noise_hu=bg.noise_hu)
 
 
 def test_truth_round_trips_through_write_lesion_bed_and_read_truth(lidc_background, tmp_path):
