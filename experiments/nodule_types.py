@@ -30,6 +30,7 @@ import numpy as np
 
 from lungcal.candidates.detector import LoGBlobDetector
 from lungcal.candidates.froc import candidate_hits, cpm
+from lungcal.candidates.lesions import LesionDetector
 from lungcal.candidates.subsolid import SubsolidLoGDetector
 from lungcal.ct.transforms import preprocess_ct
 from lungcal.data.manifest import load_manifest
@@ -37,7 +38,8 @@ from lungcal.data.synthetic import lung_masks, make_phantom, place_nodules, samp
 
 BAG = {"spacing": (2.5, 2.5, 2.5), "hu_window": (-1000.0, 400.0), "margin_mm": 10.0}
 K = 8
-DETECTORS = {"log": LoGBlobDetector, "subsolid": SubsolidLoGDetector}
+DETECTORS = {"log": LoGBlobDetector, "subsolid": SubsolidLoGDetector, "lesion": LesionDetector}
+WINDOWED = {"subsolid", "lesion"}  # the detectors told the pipeline's HU window
 
 
 def _truth(path: Path) -> dict[str, list[dict]]:
@@ -103,7 +105,7 @@ def _type_cpm(scans, kind, rng, n_boot=300):
 def run_cohort(datalist: Path, names, limit=None):
     rows = load_manifest(datalist, check_files=False)[:limit]
     truth = _truth(datalist.parent / "annotations.csv")
-    dets = {k: DETECTORS[k](hu_window=BAG["hu_window"]) if k == "subsolid" else DETECTORS[k]() for k in names}
+    dets = {k: DETECTORS[k](hu_window=BAG["hu_window"]) if k in WINDOWED else DETECTORS[k]() for k in names}
     per_nodule = []
     scans: dict[str, list] = {k: [] for k in names}
     secs = dict.fromkeys(names, 0.0)
@@ -156,7 +158,7 @@ def run_real(ct_dir: Path, names):
         affine = np.asarray(out["image"].affine, np.float64)
         spacing = np.linalg.norm(affine[:3, :3], axis=0)
         for k in names:
-            det = DETECTORS[k](hu_window=BAG["hu_window"]) if k == "subsolid" else DETECTORS[k]()
+            det = DETECTORS[k](hu_window=BAG["hu_window"]) if k in WINDOWED else DETECTORS[k]()
             c = det.detect(out["image"], out["lung_mask"], spacing, affine)
             if scan.startswith("LIDC"):
                 dist = np.linalg.norm(c.world - lidc[0], axis=1)
@@ -180,7 +182,7 @@ def run_limits(names, tmp: Path, n_ct: int = 2, per_ct: int = 3):
     cells = [("ground-glass", d, hu) for d in (4.0, 6.0, 8.0, 10.0, 14.0) for hu in (-800.0, -700.0, -600.0, -500.0,
                                                                                        -400.0)]
     cells += [("solid", d, 35.0) for d in (3.0, 4.0, 5.0, 6.0)]
-    dets = {k: DETECTORS[k](hu_window=BAG["hu_window"]) if k == "subsolid" else DETECTORS[k]() for k in names}
+    dets = {k: DETECTORS[k](hu_window=BAG["hu_window"]) if k in WINDOWED else DETECTORS[k]() for k in names}
     out = []
     origin = -(np.asarray(shape) - 1) / 2 * np.asarray(spacing, np.float32)
     for ci, (kind, d, hu) in enumerate(cells):
