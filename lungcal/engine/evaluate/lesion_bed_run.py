@@ -204,7 +204,9 @@ def find_backgrounds(folder: str | Path, cases: Sequence[str] | None = None, qc:
         raise DataError("not a folder", file=root, field="--backgrounds",
                         fix="point at a folder of CTs or of case folders (e.g. ../shared/data/ct)")
     found = find_cts(root, field="--backgrounds")
-    skipped = found.skipped_lines()
+    # the annotation files, masks and notes beside the CTs: counted, not listed (lungcal qc lists them)
+    skipped = [f"{len(found.skipped)} other file(s) are not CT images (annotations, masks, notes)"] \
+        if found.skipped else []
     named = [(ct, *_case_of(ct, root.absolute())) for ct in found.cts]
     if cases:
         known = [n for _, n, _ in named]
