@@ -101,6 +101,7 @@ from lungcal.data.synthetic import DEMO_DEFAULTS, make_cohort
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.site.recalibrate import recalibrate
+from lungcal.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -198,8 +199,12 @@ def test_two_site_workflow(tmp_path, capsys):
     said = capsys.readouterr()
     tuned = _bundle(["bundles/nlst_focal.json", "--datalist", str(b), "--init_run_id", ref, "--epochs", "20",
                      "--lr", "0.0005"], out, uri, "site-b-finetune")
+    # the fine-tuned checkpoint was chosen on B's val split: certifying a threshold there is refused (before
+    # anything is scored), and the split the run never chose on certifies it
+    with pytest.raises(ConfigError, match="--certify-split test"):
+        recalibrate(tuned, b, tracking_uri=uri, output_dir=out, miss_rate=MISS_RATE, confidence=CONFIDENCE, log=False)
     resb = recalibrate(tuned, b, n_bootstrap=1000, tracking_uri=uri, output_dir=out, num_workers=2,
-                       miss_rate=MISS_RATE, confidence=CONFIDENCE)
+                       miss_rate=MISS_RATE, confidence=CONFIDENCE, certify_split="test")
     # the guarantee over calibration draws, on the fine-tuned network's scores (every calibrator auto may
     # choose is non-decreasing in them, so a threshold on its probability is one on them)
     stage1 = load_stage1(tuned, uri)
@@ -207,7 +212,7 @@ def test_two_site_workflow(tmp_path, capsys):
     sc = score_rows(stage1.network, pool, stage1.bag_params, None, cache_dir=out / "cache" / "bags", num_workers=2)
     p = np.asarray(sc["probs"])[:, 1]
     y = np.asarray([int(r["label"]) for r in pool])
-    draws = guarantee_draws(p, y, resb.n_val, MISS_RATE, 1 - CONFIDENCE, DRAWS)
+    draws = guarantee_draws(p, y, resb.n_test, MISS_RATE, 1 - CONFIDENCE, DRAWS)
     shipped_b = recalibrate(ref, b, n_bootstrap=1000, tracking_uri=uri, output_dir=out, num_workers=2, log=False)
     numbers["site_b"] = {"site_check": {k: check.get(k) for k in ("verdict", "reasons", "n", "prevalence")},
                          "refusal": {"rc": refusal, "said": (said.out + said.err).strip().splitlines()[-3:]},

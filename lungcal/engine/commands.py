@@ -1,5 +1,5 @@
-"""``lungcal recalibrate``, ``lungcal build-bags``, ``lungcal predict`` and ``lungcal lesion-bed``: the CT
-engine's sub-commands.
+"""``lungcal recalibrate``, ``lungcal cancers-needed``, ``lungcal build-bags``, ``lungcal predict`` and
+``lungcal lesion-bed``: the CT engine's sub-commands.
 
 Heavy imports (torch, MLflow, MONAI) happen inside the command, so ``lungcal --help`` stays fast
 (the only function-local imports the lint contract allows). User errors are
@@ -15,8 +15,8 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``recalibrate``, ``site-check``, ``adapt-curve``, ``build-bags``, ``predict`` and ``lesion-bed`` to the
-    ``lungcal`` parser."""
+    """Add ``recalibrate``, ``cancers-needed``, ``site-check``, ``adapt-curve``, ``build-bags``, ``predict`` and
+    ``lesion-bed`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -43,10 +43,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--miss-rate", default=None, metavar="ALPHA",
                    help="also choose a decision threshold (work-up when p(cancer) >= it) on the val split whose "
                         "missed-cancer rate is at most ALPHA (e.g. 0.05) with probability --confidence over the "
-                        "val draw (Learn-then-Test); reports its work-up rate on val and test and the test "
-                        "sensitivity with a CI; `predict --site` applies it. Refused when val has too few cancers")
+                        "val draw (Learn-then-Test, exact binomial tail); reports its work-up rate on val and test "
+                        "and the test sensitivity with a CI, and warns when it sends over 90%% of CTs to work-up; "
+                        "`predict --site` applies it. Refused when val has too few cancers (`lungcal "
+                        "cancers-needed`), or when its CTs trained the model or chose its checkpoint")
     p.add_argument("--confidence", default=None, metavar="1-DELTA",
                    help="the probability that the --miss-rate guarantee holds over the val draw (default: 0.9)")
+    p.add_argument("--guarantee", default=None, choices=("ltt", "crc"),
+                   help="ltt (default): the missed-cancer rate is at most ALPHA with probability --confidence; crc: "
+                        "conformal risk control, at most ALPHA on average over val draws (a weaker promise, no "
+                        "--confidence; it allows more misses, so fewer work-ups, from fewer cancers)")
+    p.add_argument("--certify-split", default=None, choices=("val", "test"),
+                   help="the split the --miss-rate threshold is chosen on (default: val). test: when the model's "
+                        "checkpoint was chosen on val (the fine-tune route); no split is then left to check it")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of the cross-validation folds")
     p.add_argument("--site", default=None, help="site name for the lungcal.site tag (default: from the datalist)")
     p.add_argument("--experiment", default="nlst", help="MLflow experiment to log into (default: nlst)")
@@ -60,6 +69,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "does; inference refuses them)")
     add_qc_options(p)
     p.set_defaults(func=_recalibrate)
+
+    n = subparsers.add_parser(
+        "cancers-needed", help="how many labelled cancers a guaranteed threshold needs (recalibrate --miss-rate)",
+        description="Print the table of the fewest cancers the certify split of `lungcal recalibrate --miss-rate` "
+        "needs before a threshold that misses 0, 1, 2, ... of them can be certified: Learn-then-Test (the exact "
+        "binomial tail, P(Bin(n, ALPHA) <= k) <= 1 - CONFIDENCE) per --miss-rate and --confidence, and conformal "
+        "risk control ((k + 1) / (n + 1) <= ALPHA, on average). More allowed misses mean a higher threshold, so "
+        "fewer work-ups. docs/hospital.md publishes the default table.")
+    n.add_argument("--miss-rate", nargs="+", default=["0.05", "0.1"], metavar="ALPHA",
+                   help="missed-cancer rates (default: 0.05 0.1)")
+    n.add_argument("--confidence", nargs="+", default=["0.95", "0.9"], metavar="1-DELTA",
+                   help="confidences of the Learn-then-Test guarantee (default: 0.95 0.9)")
+    n.add_argument("--max-misses", type=int, default=3, metavar="K", help="columns 0..K missed cancers (default 3)")
+    n.add_argument("--no-crc", action="store_true", help="leave out the conformal-risk-control rows")
+    n.set_defaults(func=_cancers_needed)
 
     c = subparsers.add_parser(
         "site-check", help="is a new site's data the model's kind of data? (verdict and the valid routes)",
@@ -203,6 +227,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lb.set_defaults(func=_lesion_bed)
 
 
+def _cancers_needed(args: argparse.Namespace) -> int:
+    from lungcal.calibration.guarantee import cancers_needed_table
+    from lungcal.engine.site.threshold import check_levels
+
+    for a in args.miss_rate:
+        for c in args.confidence:
+            check_levels(a, c)
+    print(cancers_needed_table(tuple(float(a) for a in args.miss_rate), tuple(float(c) for c in args.confidence),
+                               max_misses=args.max_misses, crc=not args.no_crc))
+    return 0
+
+
 def _recalibrate(args: argparse.Namespace) -> int:
     from lungcal.engine.site.recalibrate import DEFAULT_QC, format_summary, recalibrate
 
@@ -211,8 +247,8 @@ def _recalibrate(args: argparse.Namespace) -> int:
                       unlabelled=args.unlabelled, source_prevalence=args.source_prevalence, site=args.site,
                       experiment=args.experiment, n_bins=args.n_bins, n_bootstrap=args.n_bootstrap, seed=args.seed,
                       tracking_uri=args.tracking_uri, output_dir=args.output_dir, num_workers=args.num_workers,
-                      qc=qc, miss_rate=args.miss_rate, confidence=args.confidence,
-                      force=args.force)
+                      qc=qc, miss_rate=args.miss_rate, confidence=args.confidence, guarantee=args.guarantee,
+                      certify_split=args.certify_split, force=args.force)
     print(format_summary(res))
     return 0
 

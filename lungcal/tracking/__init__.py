@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         linked_runs,
         linked_temperature,
         run_acquisition_summary,
+        run_selection,
         run_site_reference,
     )
     from lungcal.tracking.tracker import (
@@ -46,13 +47,13 @@ _LAZY = {
     **{name: "lungcal.tracking.lookup" for name in ("add_run_metrics", "artifact_checkpoint", "find_stage1_run",
                                                     "linked_calibrator", "linked_calibrator_run", "linked_runs",
                                                     "linked_temperature", "run_acquisition_summary",
-                                                    "run_site_reference")},
+                                                    "run_selection", "run_site_reference")},
 }
 
 __all__ = [*_names, "RunTracker", "artifact_root_for", "default_tracking_uri", "file_digest", "flatten_config",
            "privacy_filter", "add_run_metrics", "artifact_checkpoint", "find_stage1_run", "linked_calibrator",
            "linked_calibrator_run", "linked_runs", "linked_temperature", "run_acquisition_summary",
-           "run_site_reference"]
+           "run_selection", "run_site_reference"]
 
 
 def __getattr__(name: str) -> Any:

@@ -22,6 +22,7 @@ from lungcal.tracking.names import (
     CT_EXPERIMENT,
     GUARANTEE_ARTIFACT,
     REFERENCE_CALIBRATOR,
+    SELECTION_ARTIFACT,
     SITE_REFERENCE_ARTIFACT,
     TAG_CALIBRATOR,
     TAG_PARENT,
@@ -34,7 +35,7 @@ from lungcal.tracking.names import (
 
 __all__ = ["find_stage1_run", "artifact_checkpoint", "linked_runs", "linked_temperature", "linked_calibrator_run",
            "linked_calibrator", "linked_guarantee", "add_run_metrics", "run_acquisition_summary",
-           "run_site_reference"]
+           "run_site_reference", "run_selection"]
 
 
 def find_stage1_run(tracking_uri: str, run_id: str | None = None, experiment: str = CT_EXPERIMENT):
@@ -107,6 +108,15 @@ def run_site_reference(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
         return None
     with np.load(client.download_artifacts(run_id, SITE_REFERENCE_ARTIFACT)) as z:
         return {k: z[k] for k in z.files}
+
+
+def run_selection(tracking_uri: str, run_id: str) -> dict[str, Any] | None:
+    """Which CTs made a stage-1 run's checkpoint (its ``data/selection.json``: ``selected_by``, the pseudonyms of
+    ``train`` and ``val``), or ``None`` for a run that logged none (runs made before 2026-12-06, CIFAR runs)."""
+    client = MlflowClient(tracking_uri)
+    if not _has_artifact(client, run_id, SELECTION_ARTIFACT):
+        return None
+    return json.loads(Path(client.download_artifacts(run_id, SELECTION_ARTIFACT)).read_text())
 
 
 def linked_runs(tracking_uri: str, run, stage2: str | None = None, finished: bool = True) -> list:

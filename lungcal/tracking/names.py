@@ -54,6 +54,7 @@ __all__ = [
     "MODEL_ARTIFACT",
     "ACQUISITION_ARTIFACT",
     "SITE_REFERENCE_ARTIFACT",
+    "SELECTION_ARTIFACT",
     "TAG_SITE_CHECK",
     "TAG_FORCED",
     "SITE_CHECK_ARTIFACT",
@@ -156,6 +157,10 @@ ACQUISITION_ARTIFACT = "data/acquisition.json"
 #: what a stage-1 run's network makes of its validation split, for site checks: ``scores`` (logit of
 #: cancer minus logit of no cancer), ``labels`` and ``features`` (the pooled bag embeddings); no identifiers
 SITE_REFERENCE_ARTIFACT = "data/site_reference.npz"
+#: which CTs made a CT stage-1 run's checkpoint: the pseudonyms of its train split (trained it) and of its val
+#: split (chose its epoch), and the metric that chose it; ``recalibrate --miss-rate`` refuses to certify a
+#: threshold on those CTs (lungcal.engine.site.certify_split)
+SELECTION_ARTIFACT = "data/selection.json"
 #: the tag of a ``lungcal site-check`` run: its verdict (``comparable``, ``prevalence_shift``, ``scanner_shift``)
 TAG_SITE_CHECK = "lungcal.site_check"
 #: set on a run that a site check refused and ``--force`` ran anyway: the verdict it overrode

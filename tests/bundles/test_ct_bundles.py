@@ -25,6 +25,7 @@ from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
+    SELECTION_ARTIFACT,
     TAG_CALIBRATOR,
     TAG_DATASET,
     TAG_PARENT,
@@ -165,6 +166,11 @@ def test_stage1_bundle_trains_evaluates_and_links_a_ts_run(name, tiny_cohort, st
     assert all(p.endswith(".png") for paths in shown.values() for p in paths)
     test_cts = {row["subject"] for row in load_manifest(tiny_cohort) if row["split"] == "test"}
     assert {Path(p).stem for paths in shown.values() for p in paths} <= test_cts
+    # which CTs made the checkpoint (recalibrate --miss-rate never certifies a threshold on them): pseudonyms only
+    sel = json.loads(Path(client.download_artifacts(s1.info.run_id, SELECTION_ARTIFACT)).read_text())
+    by_split = {s: {r["subject"] for r in load_manifest(tiny_cohort) if r["split"] == s} for s in ("train", "val")}
+    assert sel["val"] and set(sel["val"]) <= by_split["val"] and set(sel["train"]) <= by_split["train"]
+    assert sel["selected_by"] == "the best val_auc over epochs on the val split"
     params = s1.data.params
     assert params["datalist.source"] == "synthetic" and params["epochs"] == "1" and params["method"] == method
     assert params["network_def._target_"] == "lungcal.mil.models.LogSumExpMIL"

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from scipy.stats import binomtest
 from sklearn.metrics import roc_auc_score
 
-from lungcal.calibration.guarantee import missed_cancer_threshold
+from lungcal.calibration.guarantee import cancers_needed, missed_cancer_threshold
 from lungcal.calibration.metrics import calibration_slope_intercept, ece, oe_ratio
 from lungcal.calibration.prior import PriorAdjusted, adjust_to_prior, estimate_prior_em
 from lungcal.calibration.scaling import (
@@ -40,13 +40,14 @@ from lungcal.engine.evaluate.calibrators import (
     prior_guard,
     site_calibrator,
 )
+from lungcal.engine.model.checkpoint import selection_record
 from lungcal.engine.site import recalibrate as recalibrate_module
 from lungcal.engine.site.recalibrate import format_summary, recalibrate
 from lungcal.engine.site.site_check import COMPARABLE, MIN_SITE_CTS, PREVALENCE_SHIFT, SCANNER_SHIFT, SiteCheck
 from lungcal.errors import ConfigError, DataError
 from lungcal.mil.models import build_mil_model
 from lungcal.paths import atomic_write_text
-from lungcal.tracking import TAG_FORCED, RunTracker, linked_calibrator, linked_temperature
+from lungcal.tracking import SELECTION_ARTIFACT, TAG_FORCED, RunTracker, linked_calibrator, linked_temperature
 
 
 def _overconfident(n, seed, scale, prevalence=0.3):
@@ -331,7 +332,13 @@ def _no_run_left(site):
      "val split has 5 cancers: a missed-cancer rate of at most 5% with confidence 90% needs at least 45"),
     (("--miss-rate", "5%"), "ConfigError", "--miss-rate must be a fraction strictly between 0 and 1"),
     (("--miss-rate", "0.1", "--confidence", "1"), "ConfigError", "--confidence must be a fraction"),
-    (("--confidence", "0.9"), "ConfigError", "--confidence is the confidence of the --miss-rate guarantee"),
+    (("--confidence", "0.9"), "ConfigError", "--confidence belongs to the --miss-rate guarantee"),
+    (("--guarantee", "crc"), "ConfigError", "--guarantee belongs to the --miss-rate guarantee"),
+    (("--certify-split", "test"), "ConfigError", "--certify-split belongs to the --miss-rate guarantee"),
+    (("--miss-rate", "0.1", "--guarantee", "crc", "--confidence", "0.9"), "ConfigError",
+     "--guarantee crc states no confidence"),
+    (("--miss-rate", "0.1", "--guarantee", "crc"), "ConfigError",  # 5 val cancers; CRC at 10% needs 9
+     "val split has 5 cancers: a missed-cancer rate of at most 10% on average (--guarantee crc) needs at least 9"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_no_run(site, capsys, extra, kind, words):
     (site["tmp"] / "empty.json").write_text(json.dumps({"version": 1, "source": "x", "rows": []}))
@@ -461,6 +468,98 @@ def test_miss_rate_threshold_is_chosen_on_val_only_and_its_test_numbers_are_the_
     # without --miss-rate nothing is chosen and nothing is logged
     assert recalibrate(site["parent"], site["datalist"], method="platt", tracking_uri=site["uri"], n_bootstrap=0,
                        output_dir=site["tmp"] / "out", log=False).threshold is None
+
+
+def _guarantee_json(site, client, run, tmp_path):
+    return json.loads(Path(client.download_artifacts(run.info.run_id, "guarantee.json", str(tmp_path))).read_text())
+
+
+def _fine_tuned(site):
+    """A stage-1 run fine-tuned on the site's datalist: its data/selection.json says the val split chose its
+    checkpoint and the train split trained it (the fixture's checkpoint file stands for its weights)."""
+    rows = json.loads(site["datalist"].read_text())["rows"]
+    record = selection_record([r["subject"] for r in rows if r["split"] == "train"],
+                              [r["subject"] for r in rows if r["split"] == "val"], "val_auc")
+    with RunTracker("nlst", "stage1-finetuned", tracking_uri=site["uri"],
+                    tags={"lungcal.stage1": "focal", "lungcal.stage2": "none"}) as tr:
+        tr.log_artifact(site["checkpoint"], "checkpoint")
+        tr.log_dict(record, SELECTION_ARTIFACT)
+        return tr.run_id
+
+
+def test_the_fine_tune_route_cannot_certify_on_the_val_split_that_chose_its_checkpoint(site, capsys, tmp_path):
+    """Refused before anything is scored or logged, naming the way out; ``--certify-split test`` takes it: the
+    threshold is chosen on test (on the calibrator fitted on val), and nothing is left to check it."""
+    _enough_cancers(site, n_val=120, n_test=100)  # 60 val cancers, 50 test cancers
+    site["fake"].update(val=_overconfident(600, 1, 4.0, prevalence=0.4), test=_overconfident(400, 2, 4.0, 0.4))
+    tuned = _fine_tuned(site)
+    capsys.readouterr()
+    argv = ["recalibrate", "--model", tuned, "--datalist", str(site["datalist"]), "--tracking-uri", site["uri"],
+            "--output-dir", str(site["tmp"] / "out"), "--method", "platt", "--n-bootstrap", "0", "--miss-rate", "0.1"]
+    assert main(argv) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lungcal recalibrate:")]  # no bars
+    assert len(err) == 1 and "the val split cannot certify the threshold: 120 of its 120 subjects chose run" in err[0]
+    assert "--certify-split test" in err[0]
+    _no_run_left(site)
+    assert main([*argv, "--certify-split", "test"]) == 0
+    out = capsys.readouterr().out
+    zv, yv = site["fake"]["val"]
+    zt, yt = site["fake"]["test"]
+    cal = PlattScaler().fit(zv, yv)
+    oracle = missed_cancer_threshold(cal.predict_proba(zt.numpy())[:, 1], yt.numpy(), alpha=0.1, delta=0.1)
+    assert f"p(cancer) >= {oracle.threshold:.4f} -> work-up, chosen on the test split" in out
+    assert "no independent split is left to check it" in out
+    client, runs = _site_runs(site)
+    run = runs[0]
+    stored = _guarantee_json(site, client, run, tmp_path)
+    assert stored["fit_split"] == "test" and stored["test"] is None and stored["threshold"] == oracle.threshold
+    cert = stored["certify_split"]
+    assert cert["checked"] is True and "none of the 100 test subjects" in cert["note"]
+    assert run.data.params["certify_split"] == "test"
+    m = run.data.metrics
+    assert m["test/positive_rate_at_threshold"] == pytest.approx(oracle.positive_rate)
+    assert "val/positive_rate_at_threshold" not in m and "test/sensitivity_at_threshold_ci_low" not in m
+
+
+def test_conformal_risk_control_is_the_second_option_and_its_weaker_promise_is_named(site, capsys, tmp_path):
+    _enough_cancers(site)
+    site["fake"].update(val=_overconfident(600, 1, 4.0, prevalence=0.4), test=_overconfident(400, 2, 4.0, 0.4))
+    assert _cli(site, "--method", "platt", "--miss-rate", "0.05", "--guarantee", "crc", "--n-bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    zv, yv = site["fake"]["val"]
+    pv = PlattScaler().fit(zv, yv).predict_proba(zv.numpy())[:, 1]
+    oracle = missed_cancer_threshold(pv, yv.numpy(), alpha=0.05, delta=None, guarantee="crc")
+    assert oracle.misses_allowed == int(np.floor(0.05 * (int(yv.sum()) + 1))) - 1
+    assert oracle.threshold >= missed_cancer_threshold(pv, yv.numpy(), alpha=0.05, delta=0.1).threshold
+    assert f"p(cancer) >= {oracle.threshold:.4f}" in out and "conformal risk control" in out
+    assert "ON AVERAGE over draws of the val split (a weaker promise" in out
+    client, runs = _site_runs(site)
+    run = runs[0]
+    stored = _guarantee_json(site, client, run, tmp_path)
+    assert stored["guarantee"] == "crc" and stored["delta"] is None and stored["threshold"] == oracle.threshold
+    assert stored["promise"].startswith("on average over draws") and "weaker" in stored["promise"]
+    assert stored["statement"] == oracle.statement() and "on average" in stored["statement"]
+    assert run.data.params["guarantee"] == "crc" and "confidence" not in run.data.params
+
+
+def test_a_threshold_that_hardly_triages_is_warned_of_in_the_summary_and_guarantee_json(site, capsys, tmp_path):
+    """Val scores unrelated to the labels: the certified threshold sends nearly every CT on; the summary and
+    guarantee.json say so, with the cancers that would allow more misses. The fixture's stage-1 run logged no
+    record of its checkpoint's CTs and no datalist digest: that is warned of too."""
+    _enough_cancers(site)
+    site["fake"].update(val=_noise(600, 3), test=_noise(400, 4))
+    assert _cli(site, "--method", "platt", "--miss-rate", "0.05", "--n-bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    warns = [ln for ln in out.splitlines() if ln.startswith("  WARNING       ")]
+    assert any("the certified threshold sends" in w and "does not triage" in w for w in warns), out
+    assert any("could not be checked" in w for w in warns), out
+    client, runs = _site_runs(site)
+    stored = _guarantee_json(site, client, runs[0], tmp_path)
+    assert stored["positive_rate"] > 0.9 and len(stored["warnings"]) == 2
+    k = stored["misses_allowed"]
+    assert f"allow {k} missed cancer(s)" in stored["warnings"][0]
+    assert f"{cancers_needed(0.05, 0.1, k + 1)} allow {k + 1}" in stored["warnings"][0]
+    assert stored["certify_split"]["checked"] is False
 
 
 # ------------------------------------------------------------ the site check guards the label-free routes

@@ -14,7 +14,13 @@ from scipy.stats import binomtest
 
 from lungcal.calibration.guarantee import missed_cancer_threshold
 from lungcal.calibration.scaling import calibrated_probs, make_calibrator
-from lungcal.engine.site.threshold import check_cancers, check_levels, site_threshold
+from lungcal.engine.site.threshold import (
+    WORKUP_WARNING,
+    check_cancers,
+    check_certify_split,
+    check_levels,
+    site_threshold,
+)
 from lungcal.errors import ConfigError
 
 SCALE = 3.0
@@ -104,3 +110,74 @@ def test_levels_and_the_cancer_count_are_checked_with_the_cli_flags():
         check_cancers(rows, 0.05, 0.1, "site.json")
     assert "\n" not in str(e.value) and "--miss-rate" in str(e.value) and "--confidence" in str(e.value)
     assert check_cancers([*rows, {"label": 1}], 0.05, 0.1, "site.json") == 45
+
+
+def _hardly_separable(rng, n_cancers, n_others):
+    """Cancers and others drawn from the same law: any certified threshold sends nearly everyone on."""
+    p = rng.uniform(0.05, 0.95, n_cancers + n_others)
+    return p, np.r_[np.ones(n_cancers, int), np.zeros(n_others, int)]
+
+
+def test_a_threshold_that_sends_over_90_percent_on_to_work_up_is_warned_of_with_the_cancers_that_would_help():
+    rng = np.random.default_rng(4)
+    (pv, yv), (pt, yt) = _hardly_separable(rng, 30, 90), _hardly_separable(rng, 30, 90)
+    t = site_threshold(pv, yv, pt, yt, 0.1, 0.1)
+    g = t.guarantee
+    assert g.misses_allowed == 0 and g.positive_rate > WORKUP_WARNING  # 30 cancers: only the lowest one's p
+    w = t.workup_warning()
+    assert w is not None and t.warnings() == [w] and t.as_dict()["warnings"] == [w]
+    rates = f"{100 * g.positive_rate:.1f}% of the val CTs (test {100 * t.test_positive_rate:.1f}%)"
+    assert f"sends {rates} on to work-up" in w
+    assert "does not triage" in w and "30 cancers in val allow 0 missed cancer(s)" in w
+    assert "38 allow 1, 52 allow 2, 65 allow 3" in w  # cancers_needed(0.1, 0.1, k), the published table
+    assert "Label more cancers" in w and "--miss-rate" in w
+    # CRC allows more misses from the same split (2 of 30), so fewer work-ups
+    c = site_threshold(pv, yv, pt, yt, 0.1, None, guarantee="crc")
+    assert c.guarantee.misses_allowed == 2 and c.guarantee.positive_rate < g.positive_rate
+    # and names its own counts, and no confidence, when it too hardly triages
+    pc, yc = np.r_[np.linspace(0.1, 0.9, 20), np.full(80, 0.95)], np.r_[np.ones(20, int), np.zeros(80, int)]
+    wc = site_threshold(pc, yc, pc, yc, 0.1, None, guarantee="crc").workup_warning() or ""
+    assert "sends 99.0% of the val CTs" in wc and "20 cancers in val allow 1 missed cancer(s)" in wc
+    assert "29 allow 2, 39 allow 3, 49 allow 4" in wc and "--guarantee crc" in wc and "--confidence" not in wc
+    # a threshold that triages is not warned of
+    (zv, yv2), (zt, yt2) = _site(rng, 600), _site(rng, 300)
+    cal = make_calibrator("platt").fit(zv, yv2)
+    ok = site_threshold(calibrated_probs(cal, zv), yv2, calibrated_probs(cal, zt), yt2, 0.1, 0.1)
+    assert ok.guarantee.positive_rate <= WORKUP_WARNING and ok.warnings() == [] and ok.as_dict()["warnings"] == []
+
+
+def test_certified_on_test_nothing_is_left_to_check_it_and_the_record_says_so():
+    rng = np.random.default_rng(9)
+    zt, yt = _site(rng, 400)
+    cal = make_calibrator("platt").fit(*_site(rng, 400))
+    pt = calibrated_probs(cal, zt)
+    t = site_threshold(pt, yt, None, None, 0.1, 0.1, fit_split="test", certify_note="val chose the checkpoint")
+    assert t.guarantee == missed_cancer_threshold(pt[:, 1], yt, alpha=0.1, delta=0.1)
+    assert not t.checked_on_test and t.test_n == 0
+    m = t.metrics()
+    assert set(m) == {"val/threshold_missrate", "test/positive_rate_at_threshold", "test/sensitivity_at_threshold"}
+    assert m["test/positive_rate_at_threshold"] == t.guarantee.positive_rate
+    d = t.as_dict()
+    assert d["fit_split"] == "test" and d["test"] is None
+    assert d["certify_split"] == {"name": "test", "checked": True, "note": "val chose the checkpoint"}
+    # a certify split that could not be checked is warned of
+    u = site_threshold(pt, yt, None, None, 0.1, 0.1, fit_split="test", certify_note="could not be checked",
+                       certify_checked=False)
+    assert "could not be checked" in u.warnings() and u.as_dict()["certify_split"]["checked"] is False
+
+
+def test_crc_levels_take_no_confidence_and_the_certify_split_is_val_or_test():
+    assert check_levels("0.1", None, "crc") == (0.1, None)
+    with pytest.raises(ConfigError, match="states no confidence") as info:
+        check_levels("0.1", "0.9", "crc")
+    assert info.value.field == "--confidence"
+    with pytest.raises(ConfigError, match="unknown guarantee"):
+        check_levels("0.1", None, "hoeffding")
+    assert check_certify_split("test") == "test"
+    with pytest.raises(ConfigError, match="unknown --certify-split 'calib'"):
+        check_certify_split("calib")
+    rows = [{"label": i < 8} for i in range(40)]
+    with pytest.raises(ConfigError, match="test split has 8 cancers: .* on average .* needs at least 9") as e:
+        check_cancers(rows, 0.1, None, "site.json", "crc", "test")
+    assert "lower --confidence" not in str(e.value)
+    assert check_cancers([*rows, {"label": 1}], 0.1, None, "site.json", "crc", "test") == 9

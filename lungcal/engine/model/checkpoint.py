@@ -13,6 +13,10 @@ The weights are the bare network's: a checkpoint written from a ``DistributedDat
 wrapper (``torchrun``) by an older version carries a ``module.`` prefix on every key, which
 :func:`load_checkpoint` drops, so stage 2 and inference load either in one process.
 
+A stage-1 run also logs which CTs made its checkpoint (:func:`selection_record`, artifact
+``data/selection.json``): the pseudonyms of the train split that trained it and of the val split whose best
+epoch (by the checkpoint handler's metric) chose it, so that a site's threshold is never certified on them.
+
 Checkpoints written before the config bundles hold ``model_config`` (keyword arguments of
 :func:`lungcal.mil.build_mil_model`) instead of ``network_def``; they still load.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +39,17 @@ from lungcal.runtime.bundle_config import build_section
 from lungcal.runtime.distributed import plain_state_dict
 from lungcal.tracking import TAG_STAGE2, artifact_checkpoint, find_stage1_run
 
-__all__ = ["CHECKPOINT_SUFFIXES", "load_checkpoint", "network_config", "build_network", "bag_params_of",
-           "kernel_augment_of", "Stage1Model", "load_stage1"]
+__all__ = ["CHECKPOINT_SUFFIXES", "selection_record", "load_checkpoint", "network_config", "build_network",
+           "bag_params_of", "kernel_augment_of", "Stage1Model", "load_stage1"]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
+
+
+def selection_record(train_subjects: Iterable[str], val_subjects: Iterable[str], metric: str) -> dict[str, Any]:
+    """Which CTs made a checkpoint: the pseudonyms (sorted, unique) of those that trained it (``train``) and of
+    those whose ``metric`` chose its epoch (``val``); no other identifier."""
+    return {"version": 1, "selected_by": f"the best {metric} over epochs on the val split",
+            "train": sorted({str(s) for s in train_subjects}), "val": sorted({str(s) for s in val_subjects})}
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -28,10 +28,13 @@ and ``lungcal.fit_warning`` when the chosen fit is "no signal". Everything is ch
 run is opened, so a bad input leaves no run behind.
 
 With ``--miss-rate ALPHA`` (and ``--confidence``, 1 - delta), the run also holds a decision threshold
-chosen on the val split's probabilities of the chosen calibrator, whose missed-cancer rate is at most
-ALPHA with probability 1 - delta (:mod:`lungcal.engine.site.threshold`): ``val/threshold_missrate``, the
-positive rate on val and test, the test sensitivity with its CI, and ``guarantee.json``, which
-``predict --site`` applies and states per CT. A val split with too few cancers is refused first.
+chosen on the certify split's probabilities of the chosen calibrator (``--certify-split``, default val),
+whose missed-cancer rate is at most ALPHA with probability 1 - delta (``--guarantee ltt``, default) or at
+most ALPHA on average over draws (``--guarantee crc``) (:mod:`lungcal.engine.site.threshold`):
+``val/threshold_missrate``, the positive rate on the certify split and test, the test sensitivity with its
+CI, and ``guarantee.json``, which ``predict --site`` applies and states per CT. A certify split with too few
+cancers is refused first, and so is one whose CTs trained the model or chose its checkpoint
+(:mod:`lungcal.engine.site.certify_split`: the fine-tune route's val split).
 
 **The site check guards the label-free routes.** A prior adjustment (``--prevalence``, ``--unlabelled``)
 assumes that only the prevalence changed. Before either is fitted, ``lungcal site-check``
@@ -85,9 +88,16 @@ from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN
 from lungcal.engine.evaluate.reports import evaluate_probs, log_split
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.site.certify_split import certify_check
 from lungcal.engine.site.recalibrate_summary import format_summary
 from lungcal.engine.site.site_check import MIN_SITE_CTS, ROUTES, SCANNER_SHIFT, site_check
-from lungcal.engine.site.threshold import SiteThreshold, check_cancers, check_levels, site_threshold
+from lungcal.engine.site.threshold import (
+    SiteThreshold,
+    check_cancers,
+    check_certify_split,
+    check_levels,
+    site_threshold,
+)
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import (
@@ -297,6 +307,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
                 seed: int = 0, tracking_uri: str | None = None, output_dir: str | Path | None = None,
                 num_workers: int = 0, qc: QCConfig | None = DEFAULT_QC, log: bool = True,
                 miss_rate: float | str | None = None, confidence: float | str | None = None,
+                guarantee: str | None = None, certify_split: str | None = None,
                 force: bool = False) -> Recalibration:
     """Fit recalibrators on a site's validation split and evaluate each on its test split.
 
@@ -318,7 +329,12 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         miss_rate: the missed-cancer rate allowed (alpha, in (0, 1)): adds the decision threshold chosen on
             the val split's probabilities of the chosen calibrator (:mod:`lungcal.engine.site.threshold`).
         confidence: the probability (1 - delta) that the guarantee holds over the val draw (default 0.9;
-            only with ``miss_rate``).
+            only with ``miss_rate``, not with ``guarantee="crc"``).
+        guarantee: ``ltt`` (default: with probability 1 - delta) or ``crc`` (conformal risk control: on average
+            over draws); only with ``miss_rate``.
+        certify_split: the split the threshold is chosen on, ``val`` (default) or ``test`` (the way out when the
+            model's checkpoint was chosen on val: :mod:`lungcal.engine.site.certify_split`); only with
+            ``miss_rate``.
         force: go on with ``prevalence`` / ``unlabelled`` although the site check found ``scanner_shift`` or
             could not run (module doc); the run is tagged ``lungcal.forced_past_site_check``.
 
@@ -330,10 +346,13 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     prevalence = check_prevalence(prevalence) if prevalence is not None else None
     source_prevalence = (check_prevalence(source_prevalence, "--source-prevalence")
                          if source_prevalence is not None else None)
-    if confidence is not None and miss_rate is None:
-        raise ConfigError("--confidence is the confidence of the --miss-rate guarantee", field="--confidence",
-                          fix="add --miss-rate ALPHA (e.g. 0.05), or drop --confidence")
-    levels = check_levels(miss_rate, confidence) if miss_rate is not None else None
+    for flag, value in (("--confidence", confidence), ("--guarantee", guarantee), ("--certify-split", certify_split)):
+        if value is not None and miss_rate is None:
+            raise ConfigError(f"{flag} belongs to the --miss-rate guarantee", field=flag,
+                              fix=f"add --miss-rate ALPHA (e.g. 0.05), or drop {flag}")
+    kind = guarantee or "ltt"
+    levels = check_levels(miss_rate, confidence, kind) if miss_rate is not None else None
+    cert = check_certify_split(certify_split or "val")
     if method == PRIOR and prevalence is None and unlabelled is None:
         raise ConfigError("--method prior needs the site's prevalence", field="--method",
                           fix="add --prevalence P (known) or --unlabelled DATALIST (estimated by EM)")
@@ -343,13 +362,16 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
                         fix="create it with `lungcal import-site`, then run `lungcal check-data`")
     val_rows, test_rows, site_from_rows = _site_rows(datalist)
     if levels is not None:  # too few cancers for the guarantee: refused before anything is loaded
-        check_cancers(val_rows, *levels, datalist)
+        check_cancers(test_rows if cert == "test" else val_rows, *levels, datalist, kind, cert)
     unl_rows = unlabelled_rows(unlabelled) if unlabelled is not None else None
     out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
     uri = tracking_uri or default_tracking_uri(out_dir)
     stage1 = load_stage1(str(model), uri, field="--model")
     net, run, bag_params = stage1.network, stage1.run, stage1.bag_params
     ref_run = linked_calibrator_run(uri, run) if run is not None else None
+    # a certify split whose CTs trained the model or chose its checkpoint is refused before anything is scored
+    certified = (certify_check(stage1, test_rows if cert == "test" else val_rows, cert, datalist, uri)
+                 if levels is not None else None)
     source = None
     checked = None
     if prevalence is not None or unl_rows is not None:
@@ -368,7 +390,7 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         unl_rows, skipped["unlabelled"] = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
     _site_labels(val_rows, test_rows, datalist)
     if levels is not None:  # and again once the series checks have left CTs out, before any bag is scored
-        check_cancers(val_rows, *levels, datalist)
+        check_cancers(test_rows if cert == "test" else val_rows, *levels, datalist, kind, cert)
     val, test = (score_rows(net, r, bag_params, None, cache_dir=cache, num_workers=num_workers)
                  for r in (val_rows, test_rows))
     unl = None if unl_rows is None else score_rows(net, unl_rows, bag_params, None, cache_dir=cache,
@@ -401,9 +423,13 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
     chosen_row = chosen_local if chosen_local is not None else ("prior" if prevalence is not None else "em")
     chosen_cal = stored[chosen_row]
     threshold = None
-    if levels is not None:  # fitted on val only; test only reports what it does
-        threshold = site_threshold(calibrated_probs(chosen_cal, val["logits"]), np.asarray(val["labels"]),
-                                   probs[chosen_row], np.asarray(test["labels"]), *levels)
+    if levels is not None and certified is not None:  # fitted on the certify split only; test reports what it does
+        fit = test if cert == "test" else val
+        threshold = site_threshold(calibrated_probs(chosen_cal, fit["logits"]), np.asarray(fit["labels"]),
+                                   None if cert == "test" else probs[chosen_row],
+                                   None if cert == "test" else np.asarray(test["labels"]), *levels,
+                                   guarantee=kind, fit_split=cert, certify_note=certified.note,
+                                   certify_checked=certified.checked)
 
     rows = {}
     for key, p in probs.items():
@@ -459,7 +485,10 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
             params["source_prior_from"] = res.priors["source"]
         if res.threshold is not None:
             g = res.threshold.guarantee
-            params.update(miss_rate=g.alpha, confidence=1 - g.delta, threshold_method=g.method)
+            params.update(miss_rate=g.alpha, guarantee=g.guarantee, certify_split=res.threshold.fit_split,
+                          threshold_method=g.method)
+            if g.delta is not None:  # conformal risk control states none
+                params["confidence"] = 1 - g.delta
         if res.site_check is not None:  # what predict --site reads before applying a prior adjustment
             params[SITE_CHECK_PARAM] = res.site_check["verdict"]
             params[SITE_CHECK_RUN_PARAM] = res.site_check["run"] or "none"

@@ -28,17 +28,34 @@ def _label(key: str) -> str:
 
 
 def threshold_lines(t: SiteThreshold, site: str) -> list[str]:
-    """The guaranteed decision threshold: what it guarantees (fitted on val), and what it did on val and test."""
+    """The guaranteed decision threshold: what it guarantees (fitted on the certify split), what it did there and
+    on test, and the warnings (a threshold that hardly triages, a certify split that could not be checked)."""
     g = t.guarantee
-    lo, hi = t.test_sensitivity_ci
-    return [f"  decision      p(cancer) >= {g.threshold:.4f} -> work-up, chosen on the val split "
-            f"({g.n_cancers} cancers among {g.n} CTs; Learn-then-Test): at most {100 * g.alpha:g}% of cancers below "
-            f"it, with probability at least {100 * (1 - g.delta):g}%",
-            f"                work-up rate val {100 * g.positive_rate:.1f}%, test {100 * t.test_positive_rate:.1f}%; "
-            f"sensitivity val {100 * g.sensitivity:.1f}%, test {100 * t.test_sensitivity:.1f}% "
-            f"[{100 * lo:.1f}-{100 * hi:.1f}] (Clopper-Pearson 95%, {t.test_cancers} cancers)",
-            "                the guarantee is over the population the val split was drawn from, at the site's "
-            f"prevalence; `lungcal predict --site {site}` applies it and states it per CT"]
+    split = t.fit_split
+    if g.delta is None:
+        promise = (f"ON AVERAGE over draws of the {split} split (a weaker promise: no probability is stated for "
+                   "this split)")
+        how = "conformal risk control"
+    else:
+        promise, how = f"with probability at least {100 * (1 - g.delta):g}%", "Learn-then-Test"
+    allowed = f"; {g.misses_allowed} missed cancer(s) allowed there" if g.misses_allowed is not None else ""
+    lines = [f"  decision      p(cancer) >= {g.threshold:.4f} -> work-up, chosen on the {split} split "
+             f"({g.n_cancers} cancers among {g.n} CTs; {how}{allowed}): at most {100 * g.alpha:g}% of cancers below "
+             f"it, {promise}"]
+    if t.checked_on_test:
+        lo, hi = t.test_sensitivity_ci
+        lines.append(f"                work-up rate {split} {100 * g.positive_rate:.1f}%, test "
+                     f"{100 * t.test_positive_rate:.1f}%; sensitivity {split} {100 * g.sensitivity:.1f}%, test "
+                     f"{100 * t.test_sensitivity:.1f}% [{100 * lo:.1f}-{100 * hi:.1f}] (Clopper-Pearson 95%, "
+                     f"{t.test_cancers} cancers)")
+    else:
+        lines.append(f"                work-up rate {split} {100 * g.positive_rate:.1f}%; sensitivity {split} "
+                     f"{100 * g.sensitivity:.1f}%; no independent split is left to check it (the {split} split "
+                     "certified it)")
+    lines.append("                the guarantee is over the population the certify split was drawn from, at the "
+                 f"site's prevalence; `lungcal predict --site {site}` applies it and states it per CT")
+    lines += [f"  WARNING       {w}" for w in t.warnings()]
+    return lines
 
 
 def prior_hint(res: Recalibration) -> str | None:

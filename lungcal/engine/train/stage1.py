@@ -41,7 +41,7 @@ from lungcal.calibration.scaling import probabilities
 from lungcal.engine.data.cohort import SPLITS, CTCohort
 from lungcal.engine.evaluate.pictures import check_picture_mode
 from lungcal.engine.evaluate.reports import evaluate_probs, log_site_reference, log_split
-from lungcal.engine.model.checkpoint import load_stage1
+from lungcal.engine.model.checkpoint import load_stage1, selection_record
 from lungcal.engine.model.handlers import AtomicCheckpoint, EpochMetricsLogger
 from lungcal.engine.model.predict import check_mc_samples, predict, predict_uncertainty
 from lungcal.engine.train.posthoc import log_calibrated_test
@@ -53,6 +53,7 @@ from lungcal.runtime.resume import RandomState, TrainingResume, as_bool, generat
 from lungcal.tracking import (
     CT_EXPERIMENT,
     PRIVATE_KEYS,
+    SELECTION_ARTIFACT,
     TAG_DATASET,
     TAG_INIT_RUN,
     TAG_SITE,
@@ -254,6 +255,10 @@ class Stage1Run(TrackedStage1):
     def on_first_open(self, tracker: RunTracker) -> None:
         self.cohort.log_qc(tracker)  # qc.csv: the series checks of every CT (pseudonyms, no paths)
         self.cohort.log_acquisition(tracker)  # data/acquisition.json: the train split's scanners, no identifiers
+        # data/selection.json: the pseudonyms that trained and chose the checkpoint (never certify a threshold on them)
+        splits = self.cohort.splits
+        tracker.log_dict(selection_record(splits["train"]["subjects"], splits["val"]["subjects"],
+                                          self.checkpoint.metric_name), SELECTION_ARTIFACT)
         if self.init_tag:
             tracker.set_tags({TAG_INIT_RUN: self.init_tag})
             self._log_init_validation(tracker)
