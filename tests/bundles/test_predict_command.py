@@ -306,12 +306,16 @@ def test_site_with_a_guaranteed_threshold_decides_work_up_and_states_the_guarant
                                                                                     capsys):
     """``recalibrate --miss-rate`` then ``predict --site``: each CT's JSON holds the decision block (the
     threshold of the site's recalibration run, the guarantee's statement), the line says work-up or not, the
-    CSV has the column; the tiny cohort's val split has a cancer or two, so the guarantee asked is loose."""
-    assert main(["recalibrate", "--model", model["run"].info.run_id, "--datalist", str(tiny_cohort),
-                 "--tracking-uri", model["uri"], "--output-dir", str(model["store"]), "--site", "site-g",
-                 "--method", "ts", "--miss-rate", "0.5", "--confidence", "0.5", "--n-bootstrap", "0",
-                 "--no-qc"]) == 0
-    assert "-> work-up, chosen on the val split" in capsys.readouterr().out
+    CSV has the column; the tiny cohort's test split has a cancer or two, so the guarantee asked is loose. The
+    model was trained on the same cohort, whose val split chose its checkpoint: the threshold is certified on
+    test (``--certify-split test``; on val it is refused)."""
+    argv = ["recalibrate", "--model", model["run"].info.run_id, "--datalist", str(tiny_cohort),
+            "--tracking-uri", model["uri"], "--output-dir", str(model["store"]), "--site", "site-g",
+            "--method", "ts", "--miss-rate", "0.5", "--confidence", "0.5", "--n-bootstrap", "0", "--no-qc"]
+    assert main(argv) == 2
+    assert "the val split cannot certify the threshold" in capsys.readouterr().err
+    assert main([*argv, "--certify-split", "test"]) == 0
+    assert "-> work-up, chosen on the test split" in capsys.readouterr().out
     site_run = linked_calibrator_run(model["uri"], model["run"], site="site-g")
     stored = json.loads(Path(model["client"].download_artifacts(site_run.info.run_id, "guarantee.json",
                                                                 str(tmp_path))).read_text())

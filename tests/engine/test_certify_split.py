@@ -47,7 +47,7 @@ def test_the_fine_tune_route_val_split_chose_the_checkpoint_and_is_refused_namin
     rows = store["rows"]
     record = selection_record(_subjects(rows["train"]), _subjects(rows["val"]), "val_auc")
     model = _model(store, record=record)
-    assert run_selection(store["uri"], model.run_id) == record
+    assert run_selection(store["uri"], str(model.run_id)) == record
     with pytest.raises(ConfigError, match="val split cannot certify") as info:
         certify_check(model, rows["val"], "val", store["datalist"], store["uri"])
     e = info.value
