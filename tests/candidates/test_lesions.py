@@ -77,3 +77,28 @@ def test_the_glass_channel_ranks_ground_glass_the_solid_search_leaves_out(lidc_b
     solid = _ranks(LoGBlobDetector().detect(image, lung, sp, affine), lesions, affine, 16)
     assert 0 < glass[0] <= 3, glass
     assert solid[0] == 0 or solid[0] > glass[0], (solid, glass)
+
+
+#: the lesions of the Latin square below: one of each kind to a scan, each kind in every place once
+_KINDS = [("solid", 12.0, None, None), ("part-solid", 16.0, -600.0, 0.4), ("ground-glass", 16.0, -600.0, None),
+          ("mass", 45.0, None, None)]
+_PLACES = ("free", "pleura", "mediastinum", "vessel")
+
+
+#: issue 43 item 3's target, not met yet (measured 2026-12-06): these scans each miss one lesion
+_SHORT = {0: "ground glass against the mediastinum ranks 12th", 2: "the lung mask cuts the mass at the pleura out",
+          3: "a solid nodule touching a vessel ranks 9th"}
+
+
+@pytest.mark.parametrize("shift", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=_SHORT[s]))
+                                   if s in _SHORT else s for s in range(4)])
+def test_every_kind_in_every_place_reaches_the_bag(lidc_background, shift):
+    """Scan ``shift`` holds the four kinds, kind ``i`` in place ``(i + shift) % 4``: over the four scans
+    each kind meets each place once, each lesion in the K = 8 bag of the default preset. The scans
+    that still miss a lesion are strict xfails naming it, so that a fix shows up here."""
+    specs = [(kind, _PLACES[(i + shift) % 4], d, gg, core) for i, (kind, d, gg, core) in enumerate(_KINDS)]
+    image, lung, affine, lesions = _scan(lidc_background, specs, seed=100 + shift)
+    sp = np.linalg.norm(affine[:3, :3], axis=0)
+    ranks = _ranks(LesionDetector().detect(image, lung, sp, affine), lesions, affine, PRESETS["default"].patch_size)
+    missed = [(x.kind, x.place, int(r)) for x, r in zip(lesions, ranks) if not 0 < r <= PRESETS["default"].k]
+    assert not missed, missed
