@@ -39,7 +39,8 @@ __all__ = [
     "CIFAR10_CLASSES", "CIFAR10_URL", "CIFAR10_MD5", "CIFAR_MEAN", "CIFAR_STD", "SHARED_MAKE_BATCHES",
     "DATASETS", "CifarSplits", "default_data_dir", "find_batches_dir", "download_cifar10", "load_cifar10",
     "cifar10_lt_counts", "lt_indices", "balanced_indices", "make_splits", "prepare_data_dir", "load_splits",
-    "OFFICIAL_MD5", "COPY_OFFICIAL", "COPY_JPEG", "COPY_UNVERIFIED", "data_copy", "pixel_hash",
+    "OFFICIAL_MD5", "COPY_OFFICIAL", "COPY_JPEG", "COPY_JPEG_TWICE", "COPY_UNVERIFIED", "JPEG_TWICE_MARKER",
+    "data_copy", "pixel_hash",
 ]
 
 DATASETS = ("cifar10", "cifar10lt")
@@ -62,8 +63,12 @@ OFFICIAL_MD5 = {
 COPY_OFFICIAL = "official archive (md5 verified)"
 COPY_JPEG = "JPEG re-encoded copy of the shared data folder (quality 75, 4:2:0, about 30 dB PSNR)"
 COPY_UNVERIFIED = "unverified copy (not the official archive's files)"
+#: the JPEG copy re-encoded once more the same way (a control that bounds what the copy's JPEG pass does)
+COPY_JPEG_TWICE = "JPEG copy re-encoded once more (quality 75, 4:2:0): two JPEG passes from the original"
 #: written into a folder converted from the shared JPEG copy, so later runs can name it
 _JPEG_MARKER = "SOURCE_JPEG_COPY"
+#: written into a folder whose images are the JPEG copy's re-encoded once more (experiments/jpeg_bound.py)
+JPEG_TWICE_MARKER = "SOURCE_JPEG_COPY_SECOND_PASS"
 
 
 def default_data_dir(output_dir: str | Path | None = None) -> Path:
@@ -274,11 +279,14 @@ def _md5(path: Path) -> str:
 def data_copy(data_dir: str | Path) -> str:
     """Which copy of CIFAR-10 ``data_dir`` holds: :data:`COPY_OFFICIAL` when every file's md5 is the official
     archive's, :data:`COPY_JPEG` when the folder was converted from the shared JPEG copy (by
-    :func:`prepare_data_dir`, or by ``make_batches.py``, whose files carry their JPEG names), else
-    :data:`COPY_UNVERIFIED`."""
+    :func:`prepare_data_dir`, or by ``make_batches.py``, whose files carry their JPEG names),
+    :data:`COPY_JPEG_TWICE` when it holds :data:`JPEG_TWICE_MARKER` (the copy re-encoded once more; its files
+    keep the JPEG names, so the marker is read first), else :data:`COPY_UNVERIFIED`."""
     folder = find_batches_dir(data_dir)
     if all(_md5(folder / name) == md5 for name, md5 in OFFICIAL_MD5.items()):
         return COPY_OFFICIAL
+    if (folder / JPEG_TWICE_MARKER).is_file():
+        return COPY_JPEG_TWICE
     if (folder / _JPEG_MARKER).is_file():
         return COPY_JPEG
     with open(folder / "test_batch", "rb") as f:

@@ -7,8 +7,10 @@ import torch
 from cifar_baselines import data
 from cifar_baselines.data import (
     COPY_JPEG,
+    COPY_JPEG_TWICE,
     COPY_OFFICIAL,
     COPY_UNVERIFIED,
+    JPEG_TWICE_MARKER,
     balanced_indices,
     cifar10_lt_counts,
     data_copy,
@@ -112,12 +114,15 @@ def test_load_splits_defaults_checks_and_device(fake_cifar, tmp_path, monkeypatc
 
 def test_the_copy_names_survive_the_privacy_filter_and_the_jpeg_copy_is_recognised(fake_cifar, tmp_path):
     """A run's data_copy param is logged as written (a name with a path in it would be hashed away)."""
-    names = {"a": COPY_OFFICIAL, "b": COPY_JPEG, "c": COPY_UNVERIFIED}
+    names = {"a": COPY_OFFICIAL, "b": COPY_JPEG, "c": COPY_UNVERIFIED, "d": COPY_JPEG_TWICE}
     assert privacy_filter(names) == names
     assert data_copy(fake_cifar) == COPY_UNVERIFIED
     folder = next(p for p in (fake_cifar / "cifar-10-batches-py", fake_cifar) if (p / "test_batch").is_file())
     (folder / "SOURCE_JPEG_COPY").write_text("converted by make_batches.py\n")
     try:
         assert data_copy(fake_cifar) == COPY_JPEG
+        (folder / JPEG_TWICE_MARKER).write_text("re-encoded once more\n")  # a second pass beside the first marker
+        assert data_copy(fake_cifar) == COPY_JPEG_TWICE
     finally:
         (folder / "SOURCE_JPEG_COPY").unlink()
+        (folder / JPEG_TWICE_MARKER).unlink(missing_ok=True)
