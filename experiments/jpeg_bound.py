@@ -235,9 +235,10 @@ def finished_run(root: Path, arm: str, epochs: int) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def run_arms(root: Path, epochs: int) -> None:
-    """Train the arms one after the other; a finished arm is skipped, an interrupted one resumes."""
-    for arm in ARMS:
+def run_arms(root: Path, epochs: int, arms: list[str] | None = None) -> None:
+    """Train ``arms`` (default: all, in :data:`ARMS`' order) one after the other; a finished arm is skipped,
+    an interrupted one resumes."""
+    for arm in arms or list(ARMS):
         if (rid := finished_run(root, arm, epochs)) is not None:
             print(f"[jpeg_bound] {arm}: finished run {rid}, skipped", flush=True)
             continue
@@ -282,8 +283,12 @@ def paired_table(probs: dict[str, np.ndarray], labels: np.ndarray, n_bootstrap: 
     return "\n".join(lines)
 
 
-def table(root: Path, epochs: int, n_bootstrap: int, save: Path | None) -> str:
-    ids = {arm: finished_run(root, arm, epochs) for arm in ARMS}
+def table(root: Path, epochs: int, n_bootstrap: int, save: Path | None, arms: list[str] | None = None) -> str:
+    """The paired table of the finished ``arms`` (default: all; the copy as is among them)."""
+    arms = arms or list(ARMS)
+    if "copy" not in arms:
+        raise SystemExit("the table pairs every arm against 'copy': name it among --arms")
+    ids = {arm: finished_run(root, arm, epochs) for arm in arms}
     missing = [a for a, r in ids.items() if r is None]
     if missing:
         raise SystemExit(f"no finished run for {', '.join(missing)} at {epochs} epochs in {root}/mlflow.db")
@@ -299,7 +304,7 @@ def table(root: Path, epochs: int, n_bootstrap: int, save: Path | None) -> str:
         p = params[arm]
         out.append(f"{arm}: run {rid}, data_copy = {p.get('data_copy')!r}, test pixels {p.get('test_pixels_sha256')},"
                    f" train pixels {p.get('train_pixels_sha256')}, train_precision {p.get('train_precision')}")
-    for arm in (a for a in ARMS if a != "copy"):
+    for arm in (a for a in arms if a != "copy"):
         record = json.loads((find_batches_dir(root / "data" / arm) / JPEG_TWICE_MARKER).read_text())
         out.append(f"PSNR of {arm} against the copy: {record['psnr_all_db']:.2f} dB over all 60,000 images "
                    f"(train {record['psnr_train_db']:.2f}, test {record['psnr_test_db']:.2f}; per-image median "
@@ -309,8 +314,8 @@ def table(root: Path, epochs: int, n_bootstrap: int, save: Path | None) -> str:
     out += ["", paired_table(probs, y, n_bootstrap=n_bootstrap)]
     if save is not None:
         save.parent.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {"labels": y.astype(np.int8), "arms": np.array(list(ARMS)),
-                                         "run_ids": np.array([ids[a] for a in ARMS])}
+        arrays: dict[str, np.ndarray] = {"labels": y.astype(np.int8), "arms": np.array(arms),
+                                         "run_ids": np.array([ids[a] for a in arms])}
         arrays.update({f"probs_{arm}": p.astype(np.float32) for arm, p in probs.items()})
         np.savez_compressed(save, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         out.append(f"\nsaved {save}")
@@ -323,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=Path("runs/jpeg_bound"))
     ap.add_argument("--epochs", type=int, default=FULL_EPOCHS, help="the common schedule (milestones scaled)")
     ap.add_argument("--n-bootstrap", type=int, default=1000)
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
+                    help="run / table these arms, in this order (default: all)")
     ap.add_argument("--save", type=Path, default=None, help="table: write both arms' test predictions (.npz)")
     args = ap.parse_args(argv)
     root = args.root
@@ -332,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         for arm in ARMS:
             print(" ".join(arm_command(root, arm, args.epochs)))
     if args.step in ("run", "all"):
-        run_arms(root, args.epochs)
+        run_arms(root, args.epochs, args.arms)
     if args.step in ("table", "all"):
-        print(table(root, args.epochs, args.n_bootstrap, args.save))
+        print(table(root, args.epochs, args.n_bootstrap, args.save, args.arms))
     return 0
 
 
