@@ -1,5 +1,6 @@
 """lungcal.ct.masking: the body-first lung mask on phantoms (cut fields of view, padding, lesions on
-the pleura, the mediastinum) and its helpers against scipy/scikit-image."""
+the pleura, masses against the chest wall and the mediastinum) and its helpers against
+scipy/scikit-image. The masses on real CTs: test_masking_masses.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from scipy import ndimage as ndi
 from skimage.measure import label as sk_label
 
-from lungcal.ct.masking import LungMasker, fill_holes_2d, largest_component, upsample_nearest
+from lungcal.ct.masking import LINES, LungMasker, fill_holes_2d, largest_component, line_closing, upsample_nearest
 from lungcal.data.synthetic import Nodule, ScannerProfile, make_phantom
 
 SHAPE, SPACING = (128, 128, 96), (2.5, 2.5, 2.5)
@@ -75,6 +76,38 @@ def test_a_lesion_on_the_pleura_is_taken_back():
     assert (full & ~plain).sum() < 0.02 * plain.sum()
 
 
+@pytest.mark.parametrize("side", ["lateral", "medial"])
+def test_a_mass_against_the_chest_wall_or_the_mediastinum_is_taken_back(side):
+    """A 5 cm mass, its centre 0.7 r inside the pleura (as the lesion bed plants them): the rolling ball
+    of step 4 takes back its rim only, step 5 (the lung around it) most of it."""
+    _, origin, truth = make_phantom(np.random.default_rng(5), SHAPE, SPACING, (), ScannerProfile(noise_hu=15))
+    k, d = SHAPE[2] // 2, 50.0
+    depth = ndi.distance_transform_edt(truth[:, :, k], sampling=SPACING[:2])
+    pts = np.argwhere(np.abs(depth - 0.7 * d / 2) < 1.0)
+    xs = np.flatnonzero(truth[:, :, k].any(axis=1))
+    one_lung = pts[pts[:, 0] > (xs[0] + xs[-1]) / 2]
+    p = one_lung[np.argmax(one_lung[:, 0]) if side == "lateral" else np.argmin(one_lung[:, 0])]
+    centre = origin + np.array([p[0], p[1], k]) * SPACING
+    hu, origin, _ = make_phantom(np.random.default_rng(5), SHAPE, SPACING,
+                                 [Nodule(tuple(centre), d, True, "smooth", "solid")], ScannerProfile(noise_hu=15))
+    grid = np.indices(SHAPE).reshape(3, -1).T * np.asarray(SPACING) + origin
+    mass = (np.linalg.norm(grid - centre, axis=1) < d / 2).reshape(SHAPE)
+    before = LungMasker(mass_chord_mm=0)(hu, SPACING)
+    after = LungMasker()(hu, SPACING)
+    assert before[mass].mean() < 0.25
+    assert after[mass].mean() > 0.75, after[mass].mean()
+    assert not (before & ~after).any()  # step 5 only adds
+    near = (np.linalg.norm(grid - centre, axis=1) < d / 2 + 5.0).reshape(SHAPE)  # its blurred edge
+    # beside it, at most a rim of the chest wall or the mediastinum it touches (6.6 mL medially)
+    assert (after & ~before & ~near).sum() < 0.15 * mass.sum(), (after & ~before & ~near).sum()
+
+
+def test_no_mass_no_change(phantom):
+    """Without a mass, step 5 finds no core on the phantom: the mask is the same with it off."""
+    hu, _, _ = phantom
+    np.testing.assert_array_equal(LungMasker()(hu, SPACING), LungMasker(mass_chord_mm=0)(hu, SPACING))
+
+
 def test_the_closing_never_bridges_the_mediastinum(phantom):
     hu, _, truth = phantom
     m = LungMasker(lesion_closing_mm=80.0)(hu, SPACING)  # a ball far wider than the gap between the lungs
@@ -102,3 +135,21 @@ def test_helpers_against_scipy_and_skimage():
     assert not largest_component(np.zeros((3, 3, 3), bool)).any()
     up = upsample_nearest(np.arange(8).reshape(2, 2, 2) > 3, (2, 3, 1), (4, 5, 2))
     assert up.shape == (4, 5, 2) and up[3, 4, 1] and not up[0, 0, 0]
+
+
+@pytest.mark.parametrize("direction", [*LINES, (-1, 1, 0), (0, -1, -1)])
+def test_line_closing_is_scipys_closing_with_the_whole_line(direction):
+    """The sheared van Herk filters against ndi.binary_closing with the line as its structure (outside
+    the array is background: the oracle runs on a copy padded by more than the line)."""
+    rng = np.random.default_rng(1)
+    m = ndi.binary_opening(rng.random((26, 30, 18)) > 0.6)
+    d = np.asarray(direction)
+    for n in (1, 2, 3, 8, 13, 31):
+        h = n // 2
+        se = np.zeros(tuple(2 * h * np.abs(d) + 1), bool)
+        for t in range(-h, h + 1):
+            se[tuple(h * np.abs(d) + t * d)] = True
+        pad = 2 * h + 1
+        want = ndi.binary_closing(np.pad(m, pad), structure=se)[pad:-pad, pad:-pad, pad:-pad]
+        np.testing.assert_array_equal(line_closing(m, n, direction), want, err_msg=f"n={n}")
+    assert len(LINES) == 13 and len({tuple(-np.asarray(v)) for v in LINES} & set(LINES)) == 0
