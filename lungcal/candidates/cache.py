@@ -263,12 +263,13 @@ def _hash_file(h, f: Path, mode: str) -> None:
 
 #: modules of lungcal.ct / lungcal.candidates that do not shape a bag (left out of the fingerprint);
 #: detector_config.py maps a detector's config to the detector, and that config is in the key itself;
-#: acquisition.py measures a CT for the series-check report and qc_checks.py judges it; neither changes a voxel
+#: acquisition.py measures a CT for the series-check report and qc_checks.py judges it; neither changes a voxel;
+#: sensitivity.py scores a bag against lesions
 _NOT_SHAPING = {"__init__.py", "commands.py", "qc.py", "qc_checks.py", "cache.py", "bagfile.py", "evaluate.py",
-                "froc.py", "detector_config.py", "acquisition.py"}
+                "froc.py", "detector_config.py", "acquisition.py", "sensitivity.py"}
 #: opt-in detectors of lungcal.candidates: not in the fingerprint of every bag (the default pipeline's
 #: bags do not depend on them), but in the key of each bag one of them makes (:func:`detector_code`)
-OPT_IN_DETECTORS = {"subsolid.py"}
+OPT_IN_DETECTORS = {"subsolid.py", "lesions.py"}
 
 
 @functools.lru_cache(maxsize=1)

@@ -19,9 +19,17 @@ score (their scores measure different things and are not comparable):
 The merged ranking takes, slot by slot, the next candidate of the channel that ``pattern`` names
 (``"SG"``: solid, ground glass, repeated), skipping a candidate whose sphere overlaps one
 already taken (closer than ``max(min_distance_mm, r1 + r2)``); a channel that runs out leaves its
-slots to the other. So any bag of ``K`` candidates holds about ``K / 2`` of the ground-glass channel's
-best, whatever the solid channel scores. A candidate's ``score`` is its place counted down
-(``top_k`` for the first), so scores stay sorted; each channel's own score is not kept.
+slots to the other. So any bag of ``K`` candidates holds up to ``K / 2`` of the ground-glass
+channel's best, whatever the solid channel scores. The ground-glass channel returns only peaks
+scoring at least ``min_score`` (its gate): on a CT without ground glass it returns few or none, and
+the solid channel takes the slots. A candidate's ``score`` is the solid channel's own score, a
+ground-glass pick's interpolated between its solid neighbours (:func:`interleave` with
+``reference="S"``), so scores stay sorted and comparable across CTs (the FROC, a threshold).
+
+Why the gate and the solid scores: ungated and scored by place, the merged ranking lowered the solid
+CPM on phantoms from 0.903 to 0.689 (docs/results.md, 2026-12-06). Scored by place alone it was
+0.755 with no ground-glass candidate left (the place throws away what the solid score says across
+CTs); with the solid scores, 0.730 ungated and 0.889 [0.825, 0.943] at the gate of 0.12.
 
 Measured on the lesion test bed (lesions inserted into the real CTs of ``../shared``,
 :mod:`lungcal.engine.evaluate.lesion_bed`; ``lungcal lesion-bed``): ``docs/results.md``.
@@ -88,6 +96,17 @@ class GlassChannel:
             bed, without the test the channel's own top 8 held 13 of 16 part-solid nodules of 8 mm and
             more, with -300 HU 10 of 16, and no ground glass was lost).
         radii_mm: the blob radii probed (mm): ground glass of 8-40 mm.
+        min_score: a peak is kept when its score (the LoG search's, on the ground-glass image) is at
+            least this. A CT without ground glass still has its best ground-glass blobs, each a false
+            positive that takes a slot of the merged ranking; above this score, the channel returns
+            nothing there and leaves its slots to the solid channel (``None``: keep every peak).
+            0.12 is the lowest gate of a sweep (``experiments/glass_gate.py``: None, 0.04-0.20) at
+            which the solid CPM on phantoms stays within its CI of the solid channel's (0.889
+            [0.825, 0.943] against 0.903; ungated 0.730, 0.08 0.753, 0.10 0.803); on the tuning draw
+            of the lesion bed (seed 11, default preset) it keeps in the bag 13 of 25 ground-glass
+            nodules of 10 mm and more at -700 HU or denser (ungated 17) and 13 of 36 part-solid
+            of 8 mm and more (18). The ground-glass nodules a gate drops are the faint ones: their
+            channel scores were 0.06-0.20 (quartiles 0.09, 0.14, 0.20).
         top_k: candidates returned.
         log: other settings of the LoG search (:class:`LoGBlobDetector`'s keyword arguments).
     """
@@ -100,6 +119,7 @@ class GlassChannel:
     fill_sigma_mm: float = 3.75
     faint_max_hu: float | None = None
     radii_mm: Sequence[float] = (5.0, 7.0, 10.0, 14.0, 20.0)
+    min_score: float | None = 0.12
     top_k: int = 32
     log: Mapping[str, Any] = field(default_factory=dict)
 
@@ -140,6 +160,8 @@ class GlassChannel:
         v = found.voxel
         faint = np.ones(len(found), bool) if self.faint_max_hu is None else \
             med[v[:, 0], v[:, 1], v[:, 2]] <= np.float32(self.faint_max_hu)
+        if self.min_score is not None:
+            faint &= found.score >= self.min_score
         world = found.world[faint][: self.top_k]
         vox = np.rint((world - affine[:3, 3]) @ np.linalg.inv(affine[:3, :3]).T).astype(np.int64)
         vox = np.clip(vox, 0, np.asarray(vol.shape) - 1)
@@ -147,11 +169,17 @@ class GlassChannel:
 
 
 def interleave(lists: Mapping[str, Candidates], pattern: str, spacing: Spacing, top_k: int,
-               min_distance_mm: float = 5.0) -> Candidates:
+               min_distance_mm: float = 5.0, reference: str | None = None) -> Candidates:
     """One ranking from per-channel rankings: slot by slot, the next candidate of the channel that
     ``pattern`` names (repeated), skipping candidates that overlap one already taken (spheres closer
     than ``max(min_distance_mm, r1 + r2)``); a channel that runs out gives its slots to the next one
-    in the pattern. Scores are the places counted down (``top_k`` for the first)."""
+    in the pattern.
+
+    Scores: with ``reference`` (a channel), the reference channel's picks keep their own score and the
+    other picks take one interpolated between their reference neighbours (the nearest one's beyond the
+    first or the last), so scores stay comparable across CTs, as a FROC or a threshold needs, and a CT
+    whose other channels are empty scores as the reference channel alone. Without it (or when the
+    reference channel has no pick), the places counted down (``top_k`` for the first)."""
     if not pattern or any(ch not in lists for ch in set(pattern)):
         raise ValueError(f"pattern {pattern!r} must name only the channels {sorted(lists)}")
     sp = np.asarray(spacing, np.float64).reshape(3)
@@ -188,7 +216,13 @@ def interleave(lists: Mapping[str, Candidates], pattern: str, spacing: Spacing, 
     vox = np.stack([lists[ch].voxel[i] for ch, i in picks])
     world = np.stack([lists[ch].world[i] for ch, i in picks])
     radius = np.array([lists[ch].radius_mm[i] for ch, i in picks])
-    return Candidates(vox, world, radius, np.arange(len(picks), 0, -1, dtype=np.float64))
+    score = np.arange(len(picks), 0, -1, dtype=np.float64)
+    ref = np.array([ch == reference for ch, _ in picks], bool)
+    if ref.any():
+        at = np.flatnonzero(ref)
+        own = np.array([lists[ch].score[i] for ch, i in picks if ch == reference], np.float64)
+        score = np.interp(np.arange(len(picks)), at, own)  # own scores at the reference picks
+    return Candidates(vox, world, radius, score)
 
 
 @dataclass
@@ -245,4 +279,4 @@ class LesionDetector:
         used = set(self.pattern)
         lists = {ch: det.detect(vol, mask, spacing, affine) for ch, det in chans.items() if ch in used}
         min_d = float(chans["S"].min_distance_mm)
-        return interleave(lists, self.pattern, spacing, self.top_k, min_d)
+        return interleave(lists, self.pattern, spacing, self.top_k, min_d, reference="S" if "S" in used else None)

@@ -36,6 +36,34 @@ def test_interleave_gives_a_spent_channels_slots_to_the_other():
     assert len(interleave({"S": Candidates(), "G": Candidates()}, "SG", (1, 1, 1), top_k=3)) == 0
 
 
+def test_interleave_keeps_the_reference_channels_scores():
+    """With a reference channel, its picks keep their own scores and the others' are interpolated
+    between them: sorted, and a CT whose other channel is empty scores as the reference alone."""
+    vox = np.array([[0, 0, 0], [100, 0, 0], [200, 0, 0]])
+    solid = Candidates(vox, vox.astype(float), np.ones(3), np.array([0.9, 0.5, 0.3]))
+    glass = _cands([1000, 2000])
+    out = interleave({"S": solid, "G": glass}, "SG", (1, 1, 1), top_k=10, reference="S")
+    assert out.voxel[:, 0].tolist() == [0, 1000, 100, 2000, 200]
+    np.testing.assert_allclose(out.score, [0.9, 0.7, 0.5, 0.4, 0.3])
+    alone = interleave({"S": solid, "G": Candidates()}, "SG", (1, 1, 1), top_k=10, reference="S")
+    np.testing.assert_array_equal(alone.score, solid.score)
+    # a ranking that starts or ends with the other channel takes its nearest reference score
+    edge = interleave({"S": solid.top(1), "G": glass}, "GS", (1, 1, 1), top_k=10, reference="S")
+    np.testing.assert_allclose(edge.score, [0.9, 0.9, 0.9])
+
+
+def test_the_gate_keeps_only_peaks_scoring_at_least_min_score(lidc_background):
+    """The ground-glass channel's gate filters its own ranking: gated, it returns the ungated peaks
+    that score at least ``min_score``, in the same order."""
+    image, lung, affine, _ = _scan(lidc_background, [], 0)
+    sp = np.linalg.norm(affine[:3, :3], axis=0)
+    free = GlassChannel(hu_window=WINDOW, min_score=None, top_k=64).detect(image, lung, sp, affine)
+    gated = GlassChannel(hu_window=WINDOW, min_score=0.05, top_k=64).detect(image, lung, sp, affine)
+    keep = free.score >= 0.05
+    assert 0 < len(gated) < len(free)
+    np.testing.assert_array_equal(gated.world, free.world[keep][: len(gated)])
+
+
 def test_interleave_refuses_a_pattern_naming_a_missing_channel():
     with pytest.raises(ValueError, match="pattern"):
         interleave({"S": _cands([0])}, "SG", (1, 1, 1), top_k=3)
@@ -86,8 +114,8 @@ _PLACES = ("free", "pleura", "mediastinum", "vessel")
 
 
 #: issue 43 item 3's target, not met yet (measured 2026-12-06): these scans each miss one lesion
-_SHORT = {0: "ground glass against the mediastinum ranks 12th", 2: "the lung mask cuts the mass at the pleura out",
-          3: "a solid nodule touching a vessel ranks 9th"}
+#: (the mass at the pleura of scan 2, cut out by the lung mask before its step 5, is in the bag since)
+_SHORT = {0: "ground glass against the mediastinum ranks 12th", 3: "a solid nodule touching a vessel ranks 9th"}
 
 
 @pytest.mark.parametrize("shift", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=_SHORT[s]))
