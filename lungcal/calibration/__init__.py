@@ -4,6 +4,19 @@ prediction (referral), plots, ignite handlers.
 Imports only numpy/scipy/torch (matplotlib in :mod:`.plots`, ignite in :mod:`.handlers`, both
 loaded lazily) and the stdlib-only :mod:`lungcal.errors`. See docs/architecture.md.
 """
+from .calibrators import (
+    CALIBRATORS,
+    Calibrator,
+    HistogramBinning,
+    IsotonicCalibrator,
+    MatrixScaler,
+    PlattScaler,
+    TemperatureScaler,
+    VectorScaler,
+    calibrator_from_json,
+    make_calibrator,
+)
+from .diagnostics import fit_warnings
 from .losses import (
     FocalLoss,
     FocalLossAdaptiveGamma,
@@ -33,19 +46,7 @@ from .metrics import (
 )
 from .mixup import mixup, mixup_bags
 from .prior import adjust_to_prior, estimate_prior_em
-from .scaling import (
-    CALIBRATORS,
-    HistogramBinning,
-    IsotonicCalibrator,
-    MatrixScaler,
-    PlattScaler,
-    TemperatureScaler,
-    VectorScaler,
-    calibrator_from_json,
-    fit_warnings,
-    make_calibrator,
-    select_calibrator,
-)
+from .selection import select_calibrator
 from .selective import (
     aurc,
     metrics_at_coverage,
@@ -63,7 +64,8 @@ __all__ = [
     "mce", "nll", "oe_ratio", "paired_bootstrap_diff", "reliability_bins",
     "FocalLoss", "FocalLossAdaptiveGamma", "LabelAwareSmoothingLoss", "las_epsilons", "MMCELoss", "mmce_squared",
     "soft_cross_entropy", "mixup", "mixup_bags",
-    "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler", "HistogramBinning", "IsotonicCalibrator",
+    "Calibrator", "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler", "HistogramBinning",
+    "IsotonicCalibrator",
     "CALIBRATORS", "make_calibrator", "calibrator_from_json", "select_calibrator", "fit_warnings",
     "adjust_to_prior", "estimate_prior_em",
     "risk_coverage", "aurc", "metrics_at_coverage", "selective_report", "predictive_entropy", "mutual_information",

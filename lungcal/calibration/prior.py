@@ -20,7 +20,6 @@ References:
 """
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lungcal.calibration.scaling import calibrated_probs, calibrator_from_json
+from lungcal.calibration.calibrators.base import Calibrator, _normalise_log, calibrated_probs
 from lungcal.errors import ConfigError, DataError
 
 __all__ = ["adjust_to_prior", "estimate_prior_em", "check_prior", "PRIOR", "PriorAdjusted"]
@@ -156,42 +155,76 @@ def estimate_prior_em(probs, source_prior: float, tol: float = 1e-10, max_iter: 
 PRIOR = "prior"
 
 
-class PriorAdjusted:
+class PriorAdjusted(Calibrator):
     """The shipped calibrator followed by Bayes re-weighting from ``source_prior`` to ``target_prior``.
+
+    A :class:`~lungcal.calibration.calibrators.base.Calibrator` of binary models (``"prior"``) that is
+    built from two prevalences, not fitted on labels: ``predict_proba`` is
+    ``adjust_to_prior(calibrated_probs(base, logits), source_prior, target_prior)`` as ``(N, 2)``
+    float64, ``transform`` its log. It is stored and loaded as every calibrator is (``to_json``,
+    :func:`lungcal.calibration.calibrators.registry.calibrator_from_json`), in the format it had before
+    it joined the base: ``{"name": "prior", "base": <the base's state or null>, "source_prior",
+    "target_prior", "estimated_by"}`` (no ``n_classes``, always 2; no ``fit_info``, never fitted).
 
     Args:
         base: the fitted calibrator the model is shipped with (``None``: plain softmax).
         source_prior: prevalence the base probabilities are calibrated to.
         target_prior: the site's prevalence (given, or estimated by EM on its unlabelled CTs).
         estimated_by: ``"given"`` or ``"em"`` (recorded only).
+
+    ``PriorAdjusted()`` without the prevalences is empty (unfitted) until ``load_state_dict`` fills it.
     """
 
     name = PRIOR
 
-    def __init__(self, base, source_prior: float, target_prior: float, estimated_by: str = "given") -> None:
+    def __init__(self, base=None, source_prior: float | None = None, target_prior: float | None = None,
+                 estimated_by: str = "given") -> None:
+        super().__init__()
         self.base = base
-        self.source_prior, self.target_prior = float(source_prior), float(target_prior)
+        self.source_prior = self.target_prior = float("nan")
         self.estimated_by = str(estimated_by)
+        if source_prior is not None or target_prior is not None:
+            self._set_priors(source_prior, target_prior)
+
+    def _set_priors(self, source_prior, target_prior) -> None:
+        self.source_prior, self.target_prior = float(source_prior), float(target_prior)
         adjust_to_prior(np.array([0.5]), self.source_prior, self.target_prior)  # ConfigError outside (0, 1)
+        self.n_classes = 2
+        # softmax(z + c) = softmax(z) holds for the adjustment as far as it holds for its base
+        self._shift_invariant = self.base is None or bool(self.base._shift_invariant)
+
+    def fit(self, logits, labels) -> PriorAdjusted:
+        """Not available: a prior adjustment is built from two prevalences, not fitted on labels."""
+        raise ConfigError("a prior adjustment is not fitted on labels", field="method",
+                          fix="build it as PriorAdjusted(base, source_prior, target_prior) (estimate_prior_em "
+                              "estimates the site's prevalence from unlabelled cases), or fit a calibrator "
+                              "of make_calibrator() on labels")
 
     def predict_proba(self, logits) -> np.ndarray:
         """``(N, 2)`` adjusted probabilities."""
+        self._require_fit()
         return adjust_to_prior(calibrated_probs(self.base, logits), self.source_prior, self.target_prior)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": PRIOR, "base": None if self.base is None else self.base.state_dict(),
+    def _transform(self, z: torch.Tensor) -> torch.Tensor:
+        return _normalise_log(torch.as_tensor(self.predict_proba(z.numpy()), dtype=torch.float64))
+
+    def _state(self) -> dict[str, Any]:
+        return {"base": None if self.base is None else self.base.state_dict(),
                 "source_prior": self.source_prior, "target_prior": self.target_prior,
                 "estimated_by": self.estimated_by}
 
-    def to_json(self) -> str:
-        return json.dumps(self.state_dict(), allow_nan=False, sort_keys=True)
+    def state_dict(self) -> dict[str, Any]:
+        """``{"name": "prior", "base", "source_prior", "target_prior", "estimated_by"}``: the format stored
+        before the prior adjustment joined the base, kept so that files written then and now are alike."""
+        self._require_fit()
+        return {"name": PRIOR, **self._state()}
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> PriorAdjusted:
+    def _load(self, state: dict[str, Any]) -> None:
         base = state.get("base")
         try:
-            return cls(None if base is None else calibrator_from_json(json.dumps(base)), state["source_prior"],
-                       state["target_prior"], state.get("estimated_by", "given"))
+            self.base = None if base is None else Calibrator.from_state(base)
+            self.estimated_by = str(state.get("estimated_by", "given"))
+            self._set_priors(state["source_prior"], state["target_prior"])
         except KeyError as e:
             raise DataError(f"stored prior adjustment lacks {e.args[0]!r}", field="calibrator",
                             fix="refit it: rerun `lungcal recalibrate --prevalence P`") from e

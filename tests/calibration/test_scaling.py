@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
+import lungcal.calibration.calibrators.temperature as T
 import lungcal.calibration.scaling as S
 from lungcal.calibration.metrics import auroc, ece, nll
 from lungcal.calibration.scaling import (
@@ -62,7 +63,7 @@ def test_ts_never_changes_argmax_and_keeps_types():
 def test_ts_bounded_fallback_when_newton_fails(monkeypatch):
     z, y = _sample(2.5, n=5000)
     t_newton = TemperatureScaler().fit(z, y).temperature
-    monkeypatch.setattr(S, "_newton_log_t", lambda *a, **k: None)
+    monkeypatch.setattr(T, "_newton_log_t", lambda *a, **k: None)  # where TemperatureScaler.fit looks it up
     ts = TemperatureScaler().fit(z, y)
     assert ts.method == "bounded"
     assert ts.temperature == pytest.approx(t_newton, rel=1e-6)

@@ -3,7 +3,7 @@
 Every post-hoc run (stage-1 bundle, :mod:`lungcal.engine.train.posthoc`) and every site recalibration
 (``lungcal recalibrate``, :mod:`lungcal.engine.site.recalibrate`) stores the calibrator it fitted as the
 artifact ``calibrator/<name>.json`` and the tag ``lungcal.calibrator = <name>``. For the
-calibrators of :data:`lungcal.calibration.scaling.CALIBRATORS` the file is the calibrator's own
+calibrators of :data:`lungcal.calibration.calibrators.CALIBRATORS` the file is the calibrator's own
 plain JSON (``cal.to_json()``). A *prior adjustment* (``name = "prior"``: the site's known or
 EM-estimated prevalence, :mod:`lungcal.calibration.prior`) is stored as::
 
@@ -11,7 +11,8 @@ EM-estimated prevalence, :mod:`lungcal.calibration.prior`) is stored as::
      "source_prior": s, "target_prior": t, "estimated_by": "given" | "em"}
 
 and applied as ``adjust_to_prior(base.predict_proba(z), s, t)``. :func:`load_calibrator` reads
-either; :func:`lungcal.calibration.scaling.calibrated_probs` applies one to ``(N, 2)`` logits, and
+either (:meth:`lungcal.calibration.calibrators.Calibrator.from_state` picks the class by name);
+:func:`lungcal.calibration.calibrators.calibrated_probs` applies one to ``(N, 2)`` logits, and
 :class:`lungcal.calibration.prior.PriorAdjusted` is the prior adjustment.
 
 A prior adjustment is valid only where the images did not change (a pure change of prevalence). A
@@ -26,9 +27,9 @@ from __future__ import annotations
 import json
 import math
 
+from lungcal.calibration.calibrators import Calibrator, TemperatureScaler
 from lungcal.calibration.guarantee import MissedCancerGuarantee
-from lungcal.calibration.prior import PRIOR, PriorAdjusted
-from lungcal.calibration.scaling import TemperatureScaler, calibrator_from_json
+from lungcal.calibration.prior import PriorAdjusted
 from lungcal.errors import ConfigError, DataError
 from lungcal.tracking import TAG_FORCED, linked_calibrator, linked_temperature
 from lungcal.tracking.lookup import linked_guarantee
@@ -48,15 +49,13 @@ _SCANNER_SHIFT = "scanner_shift"
 
 
 def load_calibrator(text: str):
-    """A fitted calibrator (or :class:`PriorAdjusted`) from the JSON text a run stored."""
+    """A fitted calibrator (a :class:`PriorAdjusted` included) from the JSON text a run stored."""
     try:
         state = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"stored calibrator JSON does not parse ({e.msg})", field="calibrator",
                         fix="refit it: rerun `lungcal recalibrate` or the stage-1 bundle") from e
-    if isinstance(state, dict) and state.get("name") == PRIOR:
-        return PriorAdjusted.from_state(state)
-    return calibrator_from_json(text)
+    return Calibrator.from_state(state)
 
 
 def temperature_calibrator(temperature: float) -> TemperatureScaler:
