@@ -26,7 +26,7 @@ from .losses import (
     mmce_squared,
     soft_cross_entropy,
 )
-from .metrics import (
+from .measures import (
     BINARY_REPORT_METRICS,
     REPORT_METRICS,
     accuracy,

@@ -1,7 +1,7 @@
 """One-covariate logistic regression by Newton's method (float64 numpy), single or batched.
 
-Shared by the calibration slope / intercept (:mod:`.metrics`, also for every bootstrap replicate
-at once) and by Platt scaling (:mod:`.calibrators.platt`). The model is
+Shared by the calibration slope / intercept (:mod:`.measures.clinical`; :mod:`.measures.bootstrap` for
+every bootstrap replicate at once) and by Platt scaling (:mod:`.calibrators.platt`). The model is
 
     logit P(y = 1) = a + b * x        (b fixed at 1 when ``fit_slope=False``: x is then an offset)
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ignite.metrics import Metric
 from ignite.metrics.metric import reinit__is_reduced
 
-from . import metrics as M
+from . import measures as M
 
 __all__ = ["CalibrationMetrics", "calibration_output_transform", "gather_shards"]
 
@@ -90,7 +90,7 @@ class CalibrationMetrics(Metric):
 
     Each ``update`` receives ``(logits, labels)``: logits ``(B, C)`` (or ``(B,)`` / ``(B, 1)``, a
     single binary logit, read as ``[0, z]``), labels ``(B,)``, ``(B, 1)`` or one-hot ``(B, C)``.
-    ``compute`` applies softmax and calls :mod:`lungcal.calibration.metrics` on the whole epoch
+    ``compute`` applies softmax and calls :mod:`lungcal.calibration.measures` on the whole epoch
     (equal-width ``(lo, hi]`` ECE, rank AUC). NLL is the cross-entropy of the logits.
 
     Args:

@@ -12,7 +12,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .metrics import _as_probs_labels, _confidence_correct, reliability_bins
+from .measures.calibration_error import reliability_bins
+from .measures.inputs import _as_probs_labels, _confidence_correct
 from .selective import risk_coverage
 
 __all__ = ["reliability_diagram", "risk_coverage_plot"]

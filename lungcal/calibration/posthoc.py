@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from lungcal.calibration.calibrators import TemperatureScaler, make_calibrator, probabilities
-from lungcal.calibration.metrics import ece
+from lungcal.calibration.measures import ece
 from lungcal.errors import DataError
 
 __all__ = ["POSTHOC_METHODS", "ece_optimal_temperature", "adjust_logits_to_prior", "posthoc_probs"]

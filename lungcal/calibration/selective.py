@@ -22,7 +22,7 @@ constant score gives the overall error rate at every coverage. :func:`metrics_at
 needs a concrete set of kept cases: it ranks with a *stable* sort, so a tie group straddling the
 cut is split in input order (deterministic, documented, but order-dependent for such ties).
 
-Inputs follow :mod:`lungcal.calibration.metrics`: ``probs`` is ``(N, C)`` or ``(N,)`` p(y=1) of a
+Inputs follow :mod:`lungcal.calibration.measures`: ``probs`` is ``(N, C)`` or ``(N,)`` p(y=1) of a
 binary task, ``labels`` ``(N,)`` class indices.
 
 References:
@@ -42,7 +42,7 @@ import numpy as np
 
 from lungcal.errors import ConfigError, DataError
 
-from .metrics import _as_probs_labels, _to_numpy
+from .measures.inputs import _as_probs_labels, _to_numpy
 
 __all__ = [
     "REFERRAL_COVERAGE", "REFERRAL_METRIC", "confidence", "referral_threshold",

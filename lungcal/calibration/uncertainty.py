@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .metrics import _to_numpy
+from .measures.inputs import _to_numpy
 from .selective import _MI_ZERO, _entropy, _member_array, predictive_entropy
 
 __all__ = ["decompose_uncertainty", "log_probs", "predictive_entropy"]

@@ -1,9 +1,11 @@
-"""The calibrators moved out of ``scaling.py`` (issue 44 item 5): the old import and ``_target_`` paths
-still resolve, to the same objects, and calibrators stored by the old code still load with the same numbers.
+"""The calibrators moved out of ``scaling.py`` and the measures out of ``metrics.py`` (issue 44 item 5):
+the old import and ``_target_`` paths still resolve, to the same objects, calibrators stored by the old
+code still load, and the numbers are the old code's to the last digit.
 
 The JSON texts below were written by the code before the move (``scaling.py`` at de7c1bc, fitted on
 :data:`_Z`, :data:`_Y`), and the probabilities are what that code gave on :data:`_ZT`: a stored
-calibrator is plain JSON (``cal.to_json()``, the artifact ``calibrator/<name>.json`` of a run).
+calibrator is plain JSON (``cal.to_json()``, the artifact ``calibrator/<name>.json`` of a run). The
+report values were computed by ``metrics.py`` at de7c1bc on :func:`_report_data`.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from monai.bundle import ConfigParser
 
 import lungcal.calibration.calibrators as calibrators
 import lungcal.calibration.diagnostics as diagnostics
+import lungcal.calibration.measures as measures
+import lungcal.calibration.metrics as metrics
 import lungcal.calibration.scaling as scaling
 import lungcal.calibration.selection as selection
 from lungcal.calibration.calibrators import Calibrator, TemperatureScaler, calibrator_from_json
@@ -27,6 +31,13 @@ _OLD_SCALING_NAMES = [
     "CALIBRATORS", "make_calibrator", "calibrator_from_json", "select_calibrator", "fit_warnings", "no_signal",
     "probabilities", "calibrated_probs", "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler",
     "HistogramBinning", "IsotonicCalibrator",
+]
+
+#: ``__all__`` of ``lungcal.calibration.metrics`` before the move
+_OLD_METRICS_NAMES = [
+    "ece", "mce", "adaptive_ece", "classwise_ece", "brier_score", "nll", "accuracy", "auroc", "reliability_bins",
+    "calibration_slope_intercept", "oe_ratio", "calibration_report", "paired_bootstrap_diff", "ece_consistency_pvalue",
+    "REPORT_METRICS", "BINARY_REPORT_METRICS",
 ]
 
 _Z = np.array([[0.0, 2.0], [0.0, -1.0], [0.0, 0.5], [0.0, -2.5], [0.0, 1.5], [0.0, -0.3]])
@@ -116,3 +127,35 @@ def test_a_stored_prior_adjustment_missing_a_field_names_it():
         calibrator_from_json(json.dumps(state))
     with pytest.raises(DataError, match="known names"):
         calibrator_from_json('{"name": "nope"}')
+
+
+@pytest.mark.parametrize("name", _OLD_METRICS_NAMES + ["LOGIT_EPS"])
+def test_every_old_metrics_name_resolves_to_the_moved_object(name):
+    assert getattr(metrics, name) is getattr(measures, name)
+
+
+def test_an_old_metrics_target_path_resolves():
+    parser = ConfigParser({"m": {"_target_": "lungcal.calibration.metrics.ece", "_mode_": "callable"}})
+    assert parser.get_parsed_content("m") is measures.ece
+
+
+def _report_data():
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet([1.0, 1.0], size=120)
+    y = (rng.random(120) < p[:, 1]).astype(int)
+    return p, y, rng.dirichlet([1.0, 1.0], size=120)
+
+
+def test_the_report_the_tests_and_the_bootstrap_give_the_old_numbers():
+    p, y, q = _report_data()
+    report = measures.calibration_report(p, y, n_bins=10, n_bootstrap=40, seed=1)
+    assert {k: report[k] for k in ("ece", "ece_ci_low", "ece_ci_high", "classwise_ece_ci_high", "auc_ci_low",
+                                   "cal_slope_ci_high", "adaptive_ece_ci_low")} == {
+        "ece": 0.060719054329033094, "ece_ci_low": 0.03357159481775918, "ece_ci_high": 0.1399427099574887,
+        "classwise_ece_ci_high": 0.16569203140866562, "auc_ci_low": 0.8157265907196444,
+        "cal_slope_ci_high": 1.7336094385554406, "adaptive_ece_ci_low": 0.07491941959257037}
+    diff = measures.paired_bootstrap_diff("ece", p, q, y, n_bootstrap=40, seed=1, n_bins=10)
+    assert (diff["diff"], diff["ci_low"], diff["ci_high"], diff["p_value"]) == (
+        -0.24375333242449845, -0.30876256414956493, -0.13851983697302672, 0.04878048780487805)
+    assert measures.ece_consistency_pvalue(p, y, n_bins=10, n_resamples=200, seed=3) == (
+        0.06071905432903308, 0.5621890547263682)
