@@ -1,9 +1,10 @@
-"""Metrics against independent oracles: netcal, torchmetrics, scikit-learn, scipy and plain loops."""
+"""Metrics against independent oracles: netcal, torchmetrics, MONAI, scikit-learn, scipy and plain loops."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from monai.metrics import CalibrationErrorMetric
 from scipy.optimize import minimize
 from scipy.special import expit, logit
 
@@ -64,6 +65,44 @@ def test_confidence_one_differs_from_torchmetrics_by_design():
     assert ours == pytest.approx(0.475, abs=1e-12)
     assert theirs == pytest.approx(0.525, abs=1e-6)
     assert M.ece(preds, target, n_bins=10, mode="positive_class") == pytest.approx(0.475)
+
+
+def _monai_classwise_ece(p, y, n_bins, right=False):
+    """MONAI's ``CalibrationErrorMetric`` over the cases as the spatial dimension: ``(N, C)`` -> ``(1, C, N)``."""
+    pt = torch.as_tensor(p, dtype=torch.float32).T[None].contiguous()  # (1, C, N): one "image" of N voxels
+    onehot = torch.nn.functional.one_hot(torch.as_tensor(y), p.shape[1]).to(torch.float32).T[None].contiguous()
+    metric = CalibrationErrorMetric(num_bins=n_bins, include_background=True, calibration_reduction="expected",
+                                    metric_reduction="mean", right=right)
+    metric(y_pred=pt, y=onehot)
+    return float(metric.aggregate())
+
+
+@pytest.mark.parametrize("n_bins", [10, 15])
+def test_classwise_ece_equals_monai(multiclass, n_bins):
+    """Our :func:`classwise_ece` equals MONAI's ``CalibrationErrorMetric`` (monai.metrics.calibration) with
+    ``include_background=True`` (every class), ``calibration_reduction="expected"`` (per class, the
+    count-weighted mean gap over bins: our per-class l1 ECE), ``metric_reduction="mean"`` (the mean over
+    the C channels: our mean over classes) and ``right=False``, on probabilities reshaped from ``(N, C)`` to
+    ``(1, C, N)`` and one-hot labels likewise (class-wise over the spatial dimension).
+
+    ``right=False`` is MONAI's ``torch.bucketize(p, edges[1:], right=False)``, which puts p into the bin
+    with ``lo < p <= hi``: our ``(lo, hi]`` bins, 0 in the first (its docstring says ``[left, right)``,
+    the code does the opposite). Its top edge is ``1 + eps32`` and it bins and sums in float32, so it
+    agrees to float32 rounding, not to the last digit, and could differ for a p within ~1e-7 of an edge.
+    """
+    p, y = multiclass
+    assert M.classwise_ece(p, y, n_bins) == pytest.approx(_monai_classwise_ece(p, y, n_bins), abs=1e-6)
+
+
+def test_classwise_ece_on_bin_edges_matches_monai_right_false_only():
+    """Probabilities exactly on the edges 0, 0.3, 0.5 and 1: ``(lo, hi]`` is MONAI's ``right=False``;
+    ``right=True`` (``[lo, hi)``) moves 0.3 and 0.5 up a bin and changes the value."""
+    p1 = np.array([0.0, 0.3, 0.3, 0.5, 0.5, 0.25, 1.0, 0.95])
+    p = np.stack([1.0 - p1, p1], axis=1)
+    y = np.array([0, 1, 0, 1, 1, 0, 1, 0])
+    ours = M.classwise_ece(p, y, 10)
+    assert ours == pytest.approx(_monai_classwise_ece(p, y, 10), abs=1e-7)
+    assert abs(ours - _monai_classwise_ece(p, y, 10, right=True)) > 1e-3
 
 
 def test_zero_confidence_goes_to_first_bin():
