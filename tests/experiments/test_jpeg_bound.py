@@ -83,3 +83,28 @@ def test_the_paired_table_has_each_arm_and_each_pass_against_the_copy(script):
     text = script.paired_table(p, y, n_bootstrap=50)
     assert text.count("− copy as is, paired") == len(script.ARMS) - 1
     assert all(script.ARM_LABELS[a] in text for a in script.ARMS)
+
+
+def test_the_table_of_the_finished_runs_pairs_any_subset_of_arms_against_the_copy(script, tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 10, 200)
+    p = {a: rng.dirichlet(np.ones(10), 200) for a in script.ARMS}
+    for arm in ("q75x2", "q75x2_shift4"):
+        folder = tmp_path / "data" / arm / "cifar-10-batches-py"
+        folder.mkdir(parents=True)
+        (folder / "test_batch").write_bytes(b"")
+        rec = {"psnr_all_db": 32.0, "psnr_train_db": 32.0, "psnr_test_db": 32.0, "psnr_train_per_image_median_db": 32.0,
+               "psnr_test_per_image_median_db": 32.0, "unchanged_train_images": 0, "unchanged_test_images": 0}
+        (folder / script.JPEG_TWICE_MARKER).write_text(script.json.dumps(rec))
+    monkeypatch.setattr(script, "find_batches_dir", lambda root: script.Path(root) / "cifar-10-batches-py")
+    monkeypatch.setattr(script, "finished_run", lambda root, arm, epochs: f"run_{arm}")
+    monkeypatch.setattr(script, "test_predictions", lambda root, rid: (p[rid[4:]], y, {}))
+    out = tmp_path / "preds.npz"
+    text = script.table(tmp_path, 40, 20, out, ["copy", "q75x2_shift4"])
+    assert "PSNR of q75x2_shift4" in text and "PSNR of q75x2 " not in text
+    assert text.count("− copy as is, paired") == 1
+    with np.load(out) as z:
+        assert list(z["arms"]) == ["copy", "q75x2_shift4"] and z["probs_q75x2_shift4"].shape == (200, 10)
+        assert np.array_equal(z["labels"], y)
+    with pytest.raises(SystemExit, match="copy"):
+        script.table(tmp_path, 40, 20, None, ["q75x2"])
