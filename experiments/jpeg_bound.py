@@ -30,6 +30,7 @@ import io
 import json
 import os
 import pickle
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -243,7 +244,7 @@ def run_arms(root: Path, epochs: int, arms: list[str] | None = None) -> None:
             print(f"[jpeg_bound] {arm}: finished run {rid}, skipped", flush=True)
             continue
         cmd = arm_command(root, arm, epochs)
-        print("[jpeg_bound] " + " ".join(cmd), flush=True)
+        print("[jpeg_bound] " + shlex.join(cmd), flush=True)
         subprocess.run(cmd, check=True)
 
 
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(prepare(root), indent=1), flush=True)
     if args.step == "commands":
         for arm in ARMS:
-            print(" ".join(arm_command(root, arm, args.epochs)))
+            print(shlex.join(arm_command(root, arm, args.epochs)))
     if args.step in ("run", "all"):
         run_arms(root, args.epochs, args.arms)
     if args.step in ("table", "all"):
