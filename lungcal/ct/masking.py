@@ -351,6 +351,8 @@ class LungMasker:
         """Step 5's count, per voxel outside ``lungs``, of the 13 lines (:data:`LINES`) along which the
         same lung lies on both sides within ``mass_chord_mm`` (int8, 0 inside ``lungs``)."""
         count = np.zeros(lungs.shape, np.int8)
+        if not lungs.any():  # e.g. a thin volume whose coarse view lost the lung
+            return count
         for x0, x1 in self._halves(lungs):
             half = lungs[x0:x1]
             if not half.any():
