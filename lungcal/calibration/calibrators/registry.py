@@ -38,7 +38,7 @@ def make_calibrator(name: str, **kwargs) -> Calibrator:
     return CALIBRATORS[name](**kwargs)
 
 
-def calibrator_from_json(text: str) -> Calibrator:
+def calibrator_from_json(text: str, fix: str = "pass the text written by Calibrator.to_json()") -> Calibrator:
     """Rebuild a fitted calibrator from ``cal.to_json()`` (its class comes from the ``"name"`` key).
 
     Any subclass of :class:`Calibrator` loads: the ones of :data:`CALIBRATORS`, ``"matrix"``
@@ -47,11 +47,12 @@ def calibrator_from_json(text: str) -> Calibrator:
     which importing this module does).
 
     Write the text with ``lungcal.paths.atomic_write_text(path, cal.to_json())`` and read it back
-    with ``calibrator_from_json(path.read_text())``.
+    with ``calibrator_from_json(path.read_text())``. ``fix`` is what the error says to do when the text
+    does not parse (a caller reading a stored run names how to refit it).
     """
     try:
         state = json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(f"calibrator JSON does not parse ({e.msg} at line {e.lineno})", field="calibrator",
-                        fix="pass the text written by Calibrator.to_json()") from e
+                        fix=fix) from e
     return Calibrator.from_state(state)

@@ -24,13 +24,12 @@ site-check`` first and records its verdict and run on the recalibration run (par
 """
 from __future__ import annotations
 
-import json
 import math
 
-from lungcal.calibration.calibrators import Calibrator, TemperatureScaler
+from lungcal.calibration.calibrators import TemperatureScaler, calibrator_from_json
 from lungcal.calibration.guarantee import MissedCancerGuarantee
 from lungcal.calibration.prior import PriorAdjusted
-from lungcal.errors import ConfigError, DataError
+from lungcal.errors import ConfigError
 from lungcal.tracking import TAG_FORCED, linked_calibrator, linked_temperature
 from lungcal.tracking.lookup import linked_guarantee
 
@@ -50,12 +49,7 @@ _SCANNER_SHIFT = "scanner_shift"
 
 def load_calibrator(text: str):
     """A fitted calibrator (a :class:`PriorAdjusted` included) from the JSON text a run stored."""
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"stored calibrator JSON does not parse ({e.msg})", field="calibrator",
-                        fix="refit it: rerun `lungcal recalibrate` or the stage-1 bundle") from e
-    return Calibrator.from_state(state)
+    return calibrator_from_json(text, fix="refit it: rerun `lungcal recalibrate` or the stage-1 bundle")
 
 
 def temperature_calibrator(temperature: float) -> TemperatureScaler:
