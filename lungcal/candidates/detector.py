@@ -33,7 +33,7 @@ from scipy import ndimage
 
 from lungcal.ct.masking import Spacing, coarse_view, upsample_nearest
 
-__all__ = ["Candidates", "Detector", "LoGBlobDetector", "voxel_to_world", "world_to_voxel"]
+__all__ = ["Candidates", "Detector", "LoGBlobDetector", "MaskMemo", "voxel_to_world", "world_to_voxel"]
 
 
 @dataclass(frozen=True)
@@ -286,6 +286,33 @@ def _hessian_at(g: np.ndarray, pts: np.ndarray, spacing: np.ndarray) -> np.ndarr
     return h
 
 
+class MaskMemo:
+    """The lung mask's closing and dilation, made once per mask, grid and setting within one detection.
+
+    A detector of several channels (:class:`~lungcal.candidates.lesions.LesionDetector`) runs a LoG
+    search per channel over the same lung mask; each search closes and dilates that mask (distance
+    transforms: a quarter of a channel's time at the default preset). One memo, handed to every
+    channel of one call, makes each closing once. An entry is found by the mask's content (not its
+    identity), its grid spacing and the closing and dilation radii, so a channel that sub-samples the
+    mask onto the same grid finds it too. Its arrays are read-only. Not shared between calls.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[tuple[np.ndarray, np.ndarray, tuple, tuple[np.ndarray, np.ndarray]]] = []
+
+    def get(self, mask: np.ndarray, spacing: np.ndarray, key: tuple, compute) -> tuple[np.ndarray, np.ndarray]:
+        """The stored pair for (``mask``, ``spacing``, ``key``), else ``compute()``'s, stored."""
+        sp = np.asarray(spacing, np.float64)
+        for m, s, k, pair in self._items:
+            if k == key and m.shape == mask.shape and np.array_equal(s, sp) and (m is mask or np.array_equal(m, mask)):
+                return pair
+        pair = tuple(compute())
+        for a in pair:
+            a.setflags(write=False)
+        self._items.append((mask, sp, key, pair))  # type: ignore[arg-type]
+        return pair  # type: ignore[return-value]
+
+
 @dataclass
 class LoGBlobDetector:
     """Multi-scale Laplacian-of-Gaussian blob detector (vectorised with ``scipy.ndimage``).
@@ -406,24 +433,34 @@ class LoGBlobDetector:
             return ndimage.distance_transform_edt(~closed, sampling=spacing) <= self.mask_dilation_mm
         return closed
 
-    def _masks(self, raw: np.ndarray, spacing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _closed_dilated(self, mask: np.ndarray, spacing: np.ndarray,
+                        memo: MaskMemo | None) -> tuple[np.ndarray, np.ndarray]:
+        def compute() -> tuple[np.ndarray, np.ndarray]:
+            inner = self._close_mask(mask, spacing)
+            return inner, self._dilate_mask(inner, spacing)
+        if memo is None:
+            return compute()
+        return memo.get(mask, spacing, (float(self.mask_closing_mm), float(self.mask_dilation_mm)), compute)
+
+    def _masks(self, raw: np.ndarray, spacing: np.ndarray,
+               memo: MaskMemo | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The closed mask (candidate centres) and the dilated one (kept intensities), computed on a
         grid sub-sampled to about ``mask_voxel_mm`` (the centre voxel of each block) and brought
-        back by repetition; the closed mask always holds the input mask, the dilated one the closed."""
+        back by repetition; the closed mask always holds the input mask, the dilated one the closed.
+        With ``memo`` a closing already made on the same grid (by another channel of one detector)
+        is reused; it is then read-only."""
         step = self._mask_step(spacing)
         if (step == 1).all():
-            inner = self._close_mask(raw, spacing)
-            return inner, self._dilate_mask(inner, spacing)
+            return self._closed_dilated(raw, spacing, memo)
         coarse, _ = coarse_view(raw, spacing, float(self.mask_voxel_mm))
-        inner_c = self._close_mask(coarse, spacing * step)
-        dil_c = self._dilate_mask(inner_c, spacing * step)
+        inner_c, dil_c = self._closed_dilated(coarse, spacing * step, memo)
         inner = upsample_nearest(inner_c, step, raw.shape)
         inner |= raw
         dilated = upsample_nearest(dil_c, step, raw.shape)
         dilated |= inner
         return inner, dilated
 
-    def detect(self, image, lung_mask, spacing: Spacing, affine) -> Candidates:
+    def detect(self, image, lung_mask, spacing: Spacing, affine, *, memo: MaskMemo | None = None) -> Candidates:
         """Detect bright blobs inside the (dilated) lung mask.
 
         The scales run one after the other. Besides the caller's volume, a scale holds three volumes of
@@ -432,6 +469,10 @@ class LoGBlobDetector:
         for a 59 MiB grid (tracemalloc). A voxel is a peak when its response is at least every response
         in its 3x3x3 neighbourhood at its own scale and the two next to it, evaluated only where the
         response passes ``threshold`` inside the closed mask.
+
+        ``memo`` (a :class:`MaskMemo`): shares the lung mask's closing with the other channels of one
+        detector (:class:`~lungcal.candidates.lesions.LesionDetector`) that see the same mask on the
+        same grid; the candidates are the same with or without it.
 
         Returns:
             :class:`Candidates`, at most ``top_k``, sorted by decreasing score.
@@ -446,7 +487,7 @@ class LoGBlobDetector:
         affine = np.asarray(affine, np.float64)
         raw_mask = mask > 0
         del mask
-        inner, mask = self._masks(raw_mask, spacing)  # closed once, then dilated from it
+        inner, mask = self._masks(raw_mask, spacing, memo)  # closed once, then dilated from it
         if not mask.any() or self.top_k == 0:
             return Candidates()
         # candidate centres: inside the closed lung mask (deeper than border_mm, when set: the

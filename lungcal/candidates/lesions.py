@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from lungcal.candidates.detector import Candidates, LoGBlobDetector, _as_volume, _block_mean
+from lungcal.candidates.detector import Candidates, LoGBlobDetector, MaskMemo, _as_volume, _block_mean
 from lungcal.ct.masking import Spacing
 
 __all__ = ["GlassChannel", "LesionDetector", "interleave"]
@@ -134,7 +134,7 @@ class GlassChannel:
         if not (self.hu_window[1] > self.hu_window[0] and self.window_hu[1] > self.window_hu[0]):
             raise ValueError(f"windows must have hi > lo, got {self.hu_window} and {self.window_hu}")
 
-    def detect(self, image, lung_mask, spacing: Spacing, affine) -> Candidates:
+    def detect(self, image, lung_mask, spacing: Spacing, affine, *, memo: MaskMemo | None = None) -> Candidates:
         vol = _as_volume(image).astype(np.float32, copy=False)
         mask = _as_volume(lung_mask) > 0
         sp = np.asarray(spacing, np.float64).reshape(3)
@@ -157,7 +157,7 @@ class GlassChannel:
         gaff[:3, :3] = affine[:3, :3] * step[None, :]
         gaff[:3, 3] = affine[:3, 3] + affine[:3, :3] @ ((step - 1) / 2.0)
         det = LoGBlobDetector(**{**self.log, "radii_mm": self.radii_mm, "top_k": 4 * self.top_k})
-        found = det.detect(glass, m, gsp, gaff)
+        found = det.detect(glass, m, gsp, gaff, memo=memo)
         if len(found) == 0:
             return found
         v = found.voxel
@@ -278,6 +278,7 @@ class LesionDetector:
         mask = _as_volume(lung_mask) > 0
         chans = self._channels()
         used = set(self.pattern)
-        lists = {ch: det.detect(vol, mask, spacing, affine) for ch, det in chans.items() if ch in used}
+        memo = MaskMemo()  # the channels close the same lung mask once
+        lists = {ch: det.detect(vol, mask, spacing, affine, memo=memo) for ch, det in chans.items() if ch in used}
         min_d = float(chans["S"].min_distance_mm)
         return interleave(lists, self.pattern, spacing, self.top_k, min_d, reference="S" if "S" in used else None)
