@@ -19,8 +19,14 @@ Stage ``path`` (per format): what ``lungcal.candidates.cache.compute_bag`` does 
 step (load -> preprocess: lung mask, crop, resample, HU window -> candidates: the LoG detector ->
 bag: K patches), at
 
-* ``default``: the CT bundles' bag settings (bundles/nlst_focal.json: 2.5 mm, K = 8, P = 16);
-* ``fullres``: those with the overrides of bundles/fullres.json (1 mm, K = 16, P = 32).
+* ``default``: the CT bundles' bag settings and detector (bundles/nlst_focal.json: 2.5 mm, K = 16, P = 16,
+  LesionDetector);
+* ``fullres_solid``: those with the overrides of bundles/fullres.json (1 mm, K = 16, P = 32) and the
+  detector's solid channel alone (the LoG search at LesionDetector's solid radii);
+* ``fullres``: the full-resolution bag with the bundles' detector (what the default bag needs).
+
+Each path's wall time is also given over a bare SimpleITK read of the same input, measured in the same
+run (issue 43 item 6's goals: at most 6x with the solid channel, 8x with the bundles' detector).
 
 Printed per step: wall seconds (best of ``--repeat`` after a warm-up) and, for the whole path, the
 process CPU seconds (user + sys: what the path costs when the cores are shared; the load average
@@ -49,6 +55,7 @@ import torch
 
 from lungcal.candidates.bags import extract_bag
 from lungcal.candidates.cache import BagParams
+from lungcal.candidates.lesions import SOLID_RADII_MM
 from lungcal.ct.io import load_ct
 from lungcal.ct.transforms import build_preprocess, preprocess_ct
 from lungcal.data.synthetic import (
@@ -67,12 +74,26 @@ BUNDLES = Path(__file__).resolve().parent.parent / "bundles"
 BAG_KEYS = ("spacing", "hu_window", "k", "patch_size")
 
 
+#: the presets of the path stage: the bundles' bag (with bundles/fullres.json's overrides for the fullres
+#: ones), with the bundles' detector, or (``*_solid``) its solid channel alone
+PATH_PRESETS = ("default", "fullres_solid", "fullres")
+
+
+def bundle_detector(cfg: dict) -> dict:
+    """The bundle's ``detector`` section as a detector config (its ``@hu_window`` resolved)."""
+    det = {k: v for k, v in cfg["detector"].items() if not k.startswith("_desc")}
+    return {k: (cfg["hu_window"] if v == "@hu_window" else v) for k, v in det.items()}
+
+
 def bag_params(preset: str) -> BagParams:
-    """The bag settings of bundles/nlst_focal.json, with bundles/fullres.json's overrides for ``fullres``."""
+    """The bag settings of bundles/nlst_focal.json, with bundles/fullres.json's overrides for ``fullres*``;
+    the bundle's detector, or for ``*_solid`` the solid LoG channel of LesionDetector alone."""
     cfg = json.loads((BUNDLES / "nlst_focal.json").read_text())
-    if preset == "fullres":
+    if preset.startswith("fullres"):
         cfg.update(json.loads((BUNDLES / "fullres.json").read_text()))
-    return BagParams(**{k: tuple(cfg[k]) if isinstance(cfg[k], list) else cfg[k] for k in BAG_KEYS})
+    detector = {"radii_mm": list(SOLID_RADII_MM)} if preset.endswith("_solid") else bundle_detector(cfg)
+    return BagParams(**{k: tuple(cfg[k]) if isinstance(cfg[k], list) else cfg[k] for k in BAG_KEYS},
+                     detector=detector)
 
 
 def _rss_mb() -> float:
@@ -226,26 +247,36 @@ def main(argv=None) -> int:
         print("goals (issue 35): preprocessing at 1 mm (the fullres preset's grid) <= 6x the bare SimpleITK load; "
               "peak RSS growth <= 4x the float32 volume")
     if "path" in stages:
-        for preset in ("default", "fullres"):
+        for preset in PATH_PRESETS:
             p = bag_params(preset)
-            print(f"{preset}: spacing {p.spacing} mm, HU window {p.hu_window}, K = {p.k}, P = {p.patch_size}")
-        print("\nper-CT path (load -> preprocess -> candidates -> bag), wall seconds per step")
-        head = (f"{'format':<7} {'preset':<8} {'load':>6} {'prep':>6} {'cands':>6} {'bag':>5} {'total':>6} "
-                f"{'x def':>6} {'CPU s':>6} {'peak RSS growth':>16} {'x vol':>6} {'x def':>6} {'load avg':>8}  grid")
+            det = p.detector.get("_target_", "LoGBlobDetector").rpartition(".")[2]
+            print(f"{preset}: spacing {p.spacing} mm, HU window {p.hu_window}, K = {p.k}, P = {p.patch_size}, "
+                  f"detector {det} {json.dumps({k: v for k, v in p.detector.items() if k != '_target_'})}")
+        print("\nper-CT path (load -> preprocess -> candidates -> bag), wall seconds per step; x read: the path's "
+              "wall time over a bare SimpleITK read of the same file(s), measured in the same run")
+        head = (f"{'format':<7} {'preset':<13} {'load':>6} {'prep':>6} {'cands':>6} {'bag':>5} {'total':>6} "
+                f"{'x read':>6} {'x def':>6} {'CPU s':>6} {'peak RSS growth':>16} {'x vol':>6} {'x def':>6} "
+                f"{'load avg':>8}  grid")
         print(head)
         for fmt, path in inputs.items():
-            res = {preset: run(f"path_{preset}", fmt, path) for preset in ("default", "fullres")}
+            bare = run("sitk", fmt, path)["seconds"]
+            res = {preset: run(f"path_{preset}", fmt, path) for preset in PATH_PRESETS}
             d_growth = res["default"]["peak_rss_mb"] - res["default"]["base_rss_mb"]
             if args.image:
                 print(f"(--image: x vol is against its own float32 volume, {res['default']['native_mb']:.0f} MiB)")
             for preset, r in res.items():
                 growth = r["peak_rss_mb"] - r["base_rss_mb"]
                 vol_mb = r["native_mb"]
-                print(f"{fmt:<7} {preset:<8} {r['load']:6.2f} {r['preprocess']:6.2f} {r['candidates']:6.2f} "
-                      f"{r['bag']:5.2f} {r['total']:6.2f} {r['total'] / res['default']['total']:6.2f} {r['cpu']:6.2f} "
+                print(f"{fmt:<7} {preset:<13} {r['load']:6.2f} {r['preprocess']:6.2f} {r['candidates']:6.2f} "
+                      f"{r['bag']:5.2f} {r['total']:6.2f} {r['total'] / bare:6.2f} "
+                      f"{r['total'] / res['default']['total']:6.2f} "
+                      f"{r['cpu']:6.2f} "
                       f"{growth:12.0f} MiB {growth / vol_mb:6.2f} {growth / d_growth:6.2f} {r['loadavg']:8.1f}  "
                       f"{tuple(r['shape'])}")
-        print("goals (fullres): <= 15 s per CT on 2 cores; peak RSS growth <= 4x the float32 volume")
+            print(f"{fmt:<7} bare SimpleITK read {bare:.2f} s")
+        print("goals (fullres): <= 15 s per CT on 2 cores; peak RSS growth <= 4x the float32 volume; the whole path "
+              "<= 6x a bare read with the solid channel (fullres_solid) and <= 8x with the bundles' detector "
+              "(fullres; issue 43 item 6)")
     return 0
 
 

@@ -215,9 +215,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="bag presets: default (2.5 mm voxels, K 8, P 16), fullres (1 mm, K 16, P 32); "
                          "default: default")
     lb.add_argument("--detector", action="append", default=None, metavar="NAME=SPEC",
-                    help="a detector to score (repeatable): SPEC is {} (the bundles' LoG detector), a class path, a "
-                         "JSON object of its config, or a bundle JSON with a 'detector' section (e.g. "
-                         "subsolid=bundles/nlst_subsolid.json); default: default={}")
+                    help="a detector to score (repeatable): SPEC is {} (the solid LoG search, LoGBlobDetector), a "
+                         "class path, a JSON object of its config, or a bundle JSON with a 'detector' section (e.g. "
+                         "subsolid=bundles/nlst_subsolid.json); default: default=the CT bundles' detector "
+                         "(LesionDetector)")
     lb.add_argument("--seed", type=int, default=0, help="seed of the lesions' kinds, sizes and places (default 0)")
     lb.add_argument("--out", default=None, metavar="DIR",
                     help="output folder (default: <output_dir>/lesion_bed/<timestamp>); must not hold a bed already")

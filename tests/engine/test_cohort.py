@@ -17,6 +17,7 @@ from monai.bundle import ConfigParser
 
 from lungcal.candidates.cache import BagCache, BagParams, build_bags, load_bag, masker_config, masker_from_config
 from lungcal.candidates.detector import LoGBlobDetector
+from lungcal.candidates.lesions import LesionDetector
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.qc import QCCheck, QCConfig, QCReport
 from lungcal.ct.transforms import build_preprocess
@@ -256,15 +257,17 @@ def test_the_bundle_detector_section_swaps_and_changes_the_key(tmp_path):
         if detector is not None:
             parser["detector"] = detector
         cohorts[name] = parser.get_parsed_content("cohort")
-        if detector is None:  # the section holds the default detector
-            assert parser.get_parsed_content("detector") == LoGBlobDetector()
-    assert "detector" not in cohorts["default"].bag_params
+        if detector is None:  # the section holds the default detector: LesionDetector in the bundle's HU window
+            assert parser.get_parsed_content("detector") == LesionDetector(hu_window=[-1000, 400])
+    assert cohorts["default"].bag_params["detector"] == LesionDetector(hu_window=[-1000, 400]).config()
+    assert cohorts["default"].bag_params["k"] == 16
     assert cohorts["fixed"].bag_params["detector"] == {"_target_": target, "points": [[2, 2, 2]], "radius_mm": 3.0}
     image = tmp_path / "ct.nii.gz"
     image.write_bytes(b"same source")
     cache = BagCache(tmp_path / "bags")
     assert cache.key(image, cohorts["fixed"].bag_params) != cache.key(image, cohorts["default"].bag_params)
-    assert BagParams.from_any(cohorts["default"].bag_params).resolved() == BagParams.from_any(NAME_BASED).resolved()
+    # the former default (the solid LoG search, K 8) keys the bags it always did
+    assert cache.key(image, cohorts["default"].bag_params) != cache.key(image, NAME_BASED)
 
 
 def test_a_plugged_in_detector_builds_the_bags_and_a_checkpoint_rebuilds_it(cut_cohort, tmp_path):
@@ -363,7 +366,7 @@ def test_the_bundle_variant_gives_the_demo_cohort_its_scanner_mix(tmp_path):
     assert cohort.demo_scanner_mix == "four_vendors"
     assert parser.get_parsed_content("settings")["demo_scanner_mix"] == "four_vendors"  # in the run's params
     expected = cohort_datalist_path("demo", tmp_path / "data", scanner_mix="four_vendors")
-    assert expected.parent.name == "synthetic_scanner_mix-four_vendors"
+    assert expected.parent.name == "synthetic_scanner_mix-four_vendors_types-screening_masses-0.15"
     base = ConfigParser()
     base.read_config(str(ROOT / "bundles" / "nlst_focal.json"))
     assert "demo_scanner_mix" not in base.config  # the headline's identity is unchanged

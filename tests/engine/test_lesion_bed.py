@@ -2,6 +2,9 @@
 where it is absent), the real lesions' annotation files, and the tables."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -105,3 +108,14 @@ def test_summary_takes_medians_per_scan_and_size_bands_have_edges():
     assert summary(rows) == {("default", "log"): {"scans": 3, "candidates_median": 20.0, "seconds_median": 2.0}}
     assert [size_band(d) for d in (4.0, 5.99, 6.0, 29.9, 30.0, 69.9, 70.0)] == \
         ["0-6", "0-6", "6-8", "20-30", "30-45", "45-70", ">=70"]
+
+
+def test_the_presets_are_the_bundles_bag_geometry():
+    """The bed measures the bags the bundles build: bundles/nlst_focal.json, and with bundles/fullres.json."""
+    bundles = Path(__file__).resolve().parents[2] / "bundles"
+    base = json.loads((bundles / "nlst_focal.json").read_text())
+    full = {**base, **json.loads((bundles / "fullres.json").read_text())}
+    for name, cfg in (("default", base), ("fullres", full)):
+        p = PRESETS[name]
+        assert (p.spacing, p.k, p.patch_size) == (cfg["spacing"][0], cfg["k"], cfg["patch_size"]), name
+        assert len(set(cfg["spacing"])) == 1

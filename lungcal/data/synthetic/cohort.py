@@ -92,7 +92,16 @@ DEMO_DEFAULTS = {
     "spacing": (2.5, 2.5, 2.5),
     "formats": ("nii", "dicom"),
     "dicom_splits": ("test",),
+    # every nodule type (issue 43 item 4): the screening type mix (.nodule_types: benign 80/5/15 %,
+    # malignant 62/26/12 % solid / part-solid / ground glass) and a cancer that is a 3-6 cm mass in
+    # DEMO_MASSES of the positive CTs
+    "nodule_types": "screening",
+    "masses": 0.15,
 }
+#: the share of the demo's cancers drawn as a 3-6 cm mass against the mediastinum or the pleura: a
+#: modelling assumption of the order of the screen-detected cancers larger than 3 cm (T2 by size and
+#: above), not fitted to a registry
+DEMO_MASSES = DEMO_DEFAULTS["masses"]
 
 _STUDY_SPLIT_SIZES = (1000, 1000, 1500)  # train / val / test CTs
 #: the NLST-like study cohort (see :func:`ensure_study_cohort`)
@@ -279,8 +288,10 @@ def ensure_demo_cohort(root: str | os.PathLike | None = None, progress: bool = T
     before (every CT a DICOM series) is reused as it is. The MIL model is data-hungry: with 120
     training CTs it learns nothing (test AUC ~0.45), with 360 it reached 0.64-0.71, with 600
     0.69-0.70 (same model; single-orientation logits), and 200 test CTs give a 95% CI of about
-    +-0.07 instead of +-0.09. It lives in
-    ``<root>/synthetic_demo_1000``.
+    +-0.07 instead of +-0.09. Its nodules are of every type: the ``"screening"`` type mix and a 3-6 cm
+    mass for :data:`DEMO_MASSES` of the cancers (:mod:`.nodule_types`). It lives in
+    ``<root>/synthetic_demo_1000_types-screening_masses-0.15`` (a folder of the classic nodule model,
+    ``synthetic_demo_1000``, is a different cohort and is not reused).
     """
     return ensure_cohort("demo", root, progress, **overrides)
 
@@ -510,9 +521,27 @@ def _same(a, b) -> bool:
     return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
 
 
+#: the make_cohort arguments of the nodule model, named in a folder by :func:`_nodule_tag`
+_NODULE_MODEL_KEYS = ("nodule_types", "masses")
+
+
+def _nodule_tag(settings: dict) -> str:
+    """``""`` for the classic nodule model (no type mix, no masses: every cohort made before the demo
+    drew every type keeps its folder), else ``"_types-<mix>_masses-<p>"``."""
+    types = resolve_type_mix(settings.get("nodule_types"))
+    masses = float(settings.get("masses") or 0.0)
+    if types == "classic" and masses == 0.0:
+        return ""
+    return f"_types-{types}_masses-{masses:g}"
+
+
 def _folder_name(preset: str, defaults: dict, overrides: dict) -> str:
-    if not overrides:
-        return f"synthetic_{preset}_{defaults['n_subjects']}"
+    """The folder of a preset cohort: the preset and its size, or the overrides of other settings, then
+    the nodule model's tag, so that a change of the nodule model never reuses an older cohort."""
+    tag = _nodule_tag({**defaults, **overrides})
+    rest = {k: v for k, v in overrides.items() if k not in _NODULE_MODEL_KEYS}
+    if not rest:
+        return f"synthetic_{preset}_{defaults['n_subjects']}{tag}"
     prefix = "synthetic_" if preset == "demo" else f"synthetic_{preset}_"  # the demo keeps its pre-preset names
     return prefix + "_".join(
-        f"{k}-{'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in sorted(overrides.items()))
+        f"{k}-{'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in sorted(rest.items())) + tag

@@ -5,8 +5,9 @@ that does not hide the vessels) with a solid core (part-solid) or without one (p
 The cohort's classic nodule model (:mod:`.nodules`) renders solid and calcified nodules, and its
 "part-solid" nodules always as -480 HU ground glass around a core of half the diameter. A
 *nodule-type mix* (``make_cohort(nodule_types=...)``, ``lungcal synth --nodule-types``) replaces
-that attenuation feature by a drawn type; the default, ``"classic"``, is the model as it was, so
-every cohort made before keeps its images, labels and splits bit for bit.
+that attenuation feature by a drawn type; ``make_cohort``'s default, ``"classic"``, is the model as it
+was, so every cohort made before keeps its images, labels and splits bit for bit. The demo preset
+(``DEMO_DEFAULTS``, the headline's data) draws ``"screening"`` with masses in 15 % of its cancers.
 
 What a typed mix draws, per nodule, from the CT's own generator ``default_rng([seed, index, 10])``
 (so the patient, the nodules' sizes, margins and places, the anatomy and the noise stay those of
@@ -29,8 +30,8 @@ Sizes (diameter, log-normal 4-30 mm) and margins are the classic model's. The Ba
 stays exact: :func:`type_likelihood_ratio` is the extra factor each nodule's likelihood ratio
 gets (the type's, the calcification's when solid, the core's when part-solid).
 
-**Masses** (``make_cohort(masses=p)``, opt-in, default 0): with probability ``p`` the malignant
-nodule of a positive CT becomes a solid lobulated mass of 30-60 mm (uniform) that abuts the
+**Masses** (``make_cohort(masses=p)``; ``make_cohort``'s default 0, the demo preset's 0.15): with
+probability ``p`` the malignant nodule of a positive CT becomes a solid lobulated mass of 30-60 mm (uniform) that abuts the
 mediastinum or the costal pleura (one or the other, even odds; drawn from
 ``default_rng([seed, index, 11])``): on the row through the lung's mid depth, at a height within
 a quarter of the lung's height of its centre, its centre sits ``0.8 r`` inside the lung mask's

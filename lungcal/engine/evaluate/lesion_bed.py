@@ -53,7 +53,8 @@ class Preset:
     patch_size: int
 
 
-PRESETS = {"default": Preset("default", 2.5, 8, 16), "fullres": Preset("fullres", 1.0, 16, 32)}
+#: the bag geometry of bundles/nlst_focal.json (``default``) and with bundles/fullres.json (``fullres``)
+PRESETS = {"default": Preset("default", 2.5, 16, 16), "fullres": Preset("fullres", 1.0, 16, 32)}
 #: the CT bundles' HU window (bundles/nlst_focal.json ``hu_window``), which the detectors see
 HU_WINDOW = (-1000.0, 400.0)
 #: size bands (mm) of the tables: nodules, then masses

@@ -155,10 +155,15 @@ def _detector_spec(name: str, spec: str) -> dict[str, Any]:
     return dict(cfg)
 
 
+#: the CT bundles' detector section (bundles/nlst_focal.json; its ``hu_window`` is the bundles', the default)
+DEFAULT_DETECTOR = {"_target_": "lungcal.candidates.lesions.LesionDetector"}
+
+
 def detectors_of(items: Sequence[str] | None) -> dict[str, dict[str, Any]]:
-    """``["NAME=SPEC", ...]`` -> ``{NAME: detector config}`` (default ``{"default": {}}``, the bundles' LoG)."""
+    """``["NAME=SPEC", ...]`` -> ``{NAME: detector config}`` (default ``{"default": <the CT bundles' detector>}``,
+    :data:`DEFAULT_DETECTOR`)."""
     if not items:
-        return {"default": {}}
+        return {"default": dict(DEFAULT_DETECTOR)}
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         name, sep, spec = item.partition("=")

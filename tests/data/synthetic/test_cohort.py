@@ -20,6 +20,7 @@ from lungcal.data.synthetic import (
     STUDY_DEFAULTS,
     ScannerProfile,
     cohort_bayes_auc,
+    cohort_datalist_path,
     ensure_cohort,
     ensure_demo_cohort,
     ensure_study_cohort,
@@ -131,8 +132,9 @@ def test_bayes_auc_per_split_matches_sklearn(cohort):
 
 def test_ensure_demo_cohort_generates_once(tmp_path):
     p = ensure_demo_cohort(tmp_path, progress=False, n_subjects=3, **TINY)
-    # the folder name of an overridden demo is the same as before presets existed (no regeneration)
-    assert p.parent.name == "synthetic_n_subjects-3_num_workers-1_shape-48x48x32_spacing-6.0x6.0x8.0"
+    # the folder name of an overridden demo: its overrides, then the demo's nodule model
+    assert p.parent.name == ("synthetic_n_subjects-3_num_workers-1_shape-48x48x32_spacing-6.0x6.0x8.0"
+                             "_types-screening_masses-0.15")
     mtime = p.stat().st_mtime_ns
     assert ensure_demo_cohort(tmp_path, progress=False, n_subjects=3, **TINY) == p
     assert ensure_cohort("demo", tmp_path, progress=False, n_subjects=3, **TINY) == p
@@ -145,7 +147,23 @@ def test_presets():
     assert COHORT_PRESETS["demo"] is DEMO_DEFAULTS and COHORT_PRESETS["study"] is STUDY_DEFAULTS
     assert DEMO_DEFAULTS == {"n_subjects": 1000, "prevalence": 0.4, "seed": 0, "shape": (128, 128, 96),
                              "spacing": (2.5, 2.5, 2.5), "formats": ("nii", "dicom"),
-                             "dicom_splits": ("test",)}  # the demo never changes silently
+                             "dicom_splits": ("test",), "nodule_types": "screening",
+                             "masses": 0.15}  # the demo never changes silently
+
+
+def test_folder_names_follow_the_nodule_model(tmp_path):
+    """A cohort of the classic nodule model keeps the name it had before the demo drew every type (so a
+    folder made then is that cohort); the demo of every type lives elsewhere and never reuses it."""
+    assert cohort_datalist_path("demo", tmp_path).parent.name == "synthetic_demo_1000_types-screening_masses-0.15"
+    classic = cohort_datalist_path("demo", tmp_path, nodule_types="classic", masses=0.0)
+    assert classic.parent.name == "synthetic_demo_1000"
+    mix = cohort_datalist_path("demo", tmp_path, scanner_mix="four_vendors")
+    assert mix.parent.name == "synthetic_scanner_mix-four_vendors_types-screening_masses-0.15"
+    assert cohort_datalist_path("demo", tmp_path, scanner_mix="four_vendors", nodule_types="classic",
+                                masses=0.0).parent.name == "synthetic_scanner_mix-four_vendors"
+    assert cohort_datalist_path("demo", tmp_path, masses=0.3).parent.name == \
+        "synthetic_demo_1000_types-screening_masses-0.3"
+    assert cohort_datalist_path("study", tmp_path).parent.name == "synthetic_study_3500"
     assert STUDY_DEFAULTS["prevalence"] == 0.11 and STUDY_DEFAULTS["seed"] != DEMO_DEFAULTS["seed"]
     # the study's split fractions give about 1000 / 1000 / 1500 CTs at its prevalence
     rng = np.random.default_rng(0)
