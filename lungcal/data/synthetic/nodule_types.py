@@ -31,8 +31,8 @@ stays exact: :func:`type_likelihood_ratio` is the extra factor each nodule's lik
 gets (the type's, the calcification's when solid, the core's when part-solid).
 
 **Masses** (``make_cohort(masses=p)``; ``make_cohort``'s default 0, the demo preset's 0.15): with
-probability ``p`` the malignant nodule of a positive CT becomes a solid lobulated mass of 30-60 mm (uniform) that abuts the
-mediastinum or the costal pleura (one or the other, even odds; drawn from
+probability ``p`` the malignant nodule of a positive CT becomes a solid lobulated mass of 30-60 mm
+(uniform) that abuts the mediastinum or the costal pleura (one or the other, even odds; drawn from
 ``default_rng([seed, index, 11])``): on the row through the lung's mid depth, at a height within
 a quarter of the lung's height of its centre, its centre sits ``0.8 r`` inside the lung mask's
 medial edge (the mediastinum, or the heart where it indents the lung) or lateral edge (the costal
