@@ -122,7 +122,7 @@ def score(args) -> None:
             key = f"{name}__{set_name}"
             if f"{key}__probs" not in saved:
                 print(f"scoring {name} ({run}) on {set_name}: {len(rows)} CTs", flush=True)
-                sc = score_model(run, muri, rows, args.output_dir / "bags", args.workers)
+                sc = score_model(run, muri, rows, args.output_dir / "cache" / "bags", args.workers)
                 saved.update({f"{key}__{k}": v for k, v in sc.items()})
                 np.savez_compressed(store, **saved)
             scores[(name, set_name)] = {k: saved[f"{key}__{k}"] for k in ("probs", "probs_ts", "labels")}

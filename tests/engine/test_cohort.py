@@ -357,7 +357,7 @@ def test_a_qc_v1_cache_entry_is_checked_again_and_the_new_entry_holds_the_acquis
     assert again.acquisition == first.acquisition and json.loads(entry.read_text())["version"] == "qc-v2"
 
 
-# --- the scanner-mix variant of the demo cohort (bundles/nlst_scanner_mix.json) ---------------------------------------
+# --- the demo cohort's scanner mix (the bundles' default; bundles/nlst_scanner_mix.json changes nothing) -------------
 def test_the_bundle_variant_gives_the_demo_cohort_its_scanner_mix(tmp_path):
     parser = ConfigParser()
     parser.read_config([str(ROOT / "bundles" / "nlst_focal.json"), str(ROOT / "bundles" / "nlst_scanner_mix.json")])
@@ -369,6 +369,11 @@ def test_the_bundle_variant_gives_the_demo_cohort_its_scanner_mix(tmp_path):
     assert expected.parent.name == "synthetic_scanner_mix-four_vendors_types-screening_masses-0.15"
     base = ConfigParser()
     base.read_config(str(ROOT / "bundles" / "nlst_focal.json"))
-    assert "demo_scanner_mix" not in base.config  # the headline's identity is unchanged
+    base["output_dir"] = str(tmp_path)
+    assert base.get_parsed_content("cohort").demo_scanner_mix == "four_vendors"  # the default since issue 43
+    single = ConfigParser()
+    single.read_config(str(ROOT / "bundles" / "nlst_focal.json"))
+    single["output_dir"], single["demo_scanner_mix"] = str(tmp_path), None  # --demo_scanner_mix None
+    assert single.get_parsed_content("cohort").demo_scanner_mix is None
     with pytest.raises(ConfigError, match="unknown scanner mix"):
         CTCohort(None, output_dir=tmp_path, demo_scanner_mix="nine_vendors")

@@ -110,8 +110,9 @@ class CTCohort:
         num_workers: bag-building processes (0 = in-process).
         demo_subjects: size of the synthetic cohort when it is generated (``None``: its default).
         demo_scanner_mix: the synthetic cohort from a scanner mix (a name in
-            :data:`lungcal.data.synthetic.SCANNER_MIXES`, e.g. ``"four_vendors"``; bundle variant
-            ``bundles/nlst_scanner_mix.json``); ``None``: one pinned scanner. Ignored with a datalist.
+            :data:`lungcal.data.synthetic.SCANNER_MIXES`, e.g. ``"four_vendors"``, the CT bundles'
+            ``demo_scanner_mix`` since issue 43); ``None``: one pinned scanner.
+            Ignored with a datalist.
         qc: series-check thresholds (:class:`~lungcal.ct.qc.QCConfig` or a mapping of its
             fields): failing CTs are skipped; ``None`` checks nothing.
         stream_bags: read the train split's bags from the cache per item instead of stacking
