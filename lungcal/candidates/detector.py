@@ -309,8 +309,8 @@ class MaskMemo:
         pair = tuple(compute())
         for a in pair:
             a.setflags(write=False)
-        self._items.append((mask, sp, key, pair))  # type: ignore[arg-type]
-        return pair  # type: ignore[return-value]
+        self._items.append((mask, sp, key, pair))
+        return pair
 
 
 @dataclass
