@@ -199,7 +199,8 @@ def test_a_checkpoints_bag_params_build_with_its_plugged_in_detector_the_entries
     detector = {"_target_": "tests.candidates.test_detector_config.FixedPoints", "points": [[1, 2, 3]],
                 "radius_mm": 2.5}
     params = tmp_path / "bag_params.json"  # as a stage-1 checkpoint stores them
-    params.write_text(json.dumps({"spacing": [5.0, 5.0, 5.0], "hu_window": [-1000.0, 400.0], "k": 8, "patch_size": 8,
+    k = json.loads((ROOT / "bundles" / "nlst_focal.json").read_text())["k"]  # the bundle's, as its checkpoint stores
+    params.write_text(json.dumps({"spacing": [5.0, 5.0, 5.0], "hu_window": [-1000.0, 400.0], "k": k, "patch_size": 8,
                                   "detector": detector}))
     assert build(tiny_cohort, tmp_path, params, extra=["--num-workers", "0", "--splits", "test"]) == 0
     built = entries(tmp_path)
