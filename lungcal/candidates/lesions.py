@@ -52,7 +52,7 @@ from scipy import ndimage
 from lungcal.candidates.detector import Candidates, LoGBlobDetector, MaskMemo, _as_volume, _block_mean
 from lungcal.ct.masking import Spacing
 
-__all__ = ["GlassChannel", "LesionDetector", "interleave"]
+__all__ = ["GlassChannel", "LesionDetector", "interleave", "median_filter"]
 
 #: the solid channel's scales (radius, mm): the LoG detector's, plus 35 mm for masses up to 7 cm
 SOLID_RADII_MM = (1.5, 2.5, 3.5, 5.0, 7.0, 10.0, 14.0, 19.0, 25.0, 35.0)
@@ -66,6 +66,35 @@ def _fill_dense(hu: np.ndarray, dense: np.ndarray, sigma_vox: np.ndarray, level:
     den = ndimage.gaussian_filter(keep, sigma_vox, truncate=2.5)
     fill = np.where(den > 1e-3, num / np.maximum(den, np.float32(1e-3)), np.float32(level))
     return np.where(dense, fill, hu).astype(np.float32)
+
+
+def median_filter(vol: np.ndarray, size: Sequence[int], slab: int = 8) -> np.ndarray:
+    """``scipy.ndimage.median_filter(vol, size)`` (odd ``size`` per axis, ``mode="reflect"``), bit for bit,
+    four to five times as fast: per slab of ``slab`` planes along the first axis, the ``prod(size)``
+    shifted copies of the padded slab are stacked and partitioned at their middle (``np.partition``),
+    where scipy's rank filter sorts a window per voxel. The scratch is ``prod(size)`` slabs, not volumes."""
+    size = tuple(int(s) for s in size)
+    if len(size) != 3 or any(s < 1 or s % 2 == 0 for s in size):
+        raise ValueError(f"size must be three odd positive ints, got {size}")
+    vol = np.asarray(vol)
+    half = [s // 2 for s in size]
+    # scipy's "reflect" (d c b a | a b c d) is numpy's "symmetric"; a pad wider than the axis
+    # repeats it, as scipy does
+    pad = np.pad(vol, [(h, h) for h in half], mode="symmetric")
+    out = np.empty_like(vol)
+    n, (sx, sy, sz) = int(np.prod(size)), size
+    X, Y, Z = vol.shape
+    for a in range(0, X, slab):
+        b = min(a + slab, X)
+        stack = np.empty((n, b - a, Y, Z), vol.dtype)
+        i = 0
+        for dx in range(sx):
+            for dy in range(sy):
+                for dz in range(sz):
+                    stack[i] = pad[a + dx: b + dx, dy: dy + Y, dz: dz + Z]
+                    i += 1
+        out[a:b] = np.partition(stack, n // 2, axis=0)[n // 2]
+    return out
 
 
 def _coarse(vol: np.ndarray, mask: np.ndarray, spacing: np.ndarray, grid_mm: float
@@ -145,7 +174,7 @@ class GlassChannel:
         del small
         gsp = sp * step
         size = np.maximum(1, np.round(self.median_mm / gsp).astype(np.int64)) | 1
-        med = ndimage.median_filter(hu, size=tuple(int(s) for s in size)) if (size > 1).any() else hu
+        med = median_filter(hu, tuple(int(s) for s in size)) if (size > 1).any() else hu
         dense = ndimage.binary_dilation(med > np.float32(self.dense_hu))
         rest = m & ~dense
         level = float(np.median(med[rest])) if rest.any() else float(self.window_hu[0])

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import ndimage
 
-from lungcal.candidates.detector import Candidates, LoGBlobDetector
+from lungcal.candidates.detector import Candidates, LoGBlobDetector, MaskMemo
 from lungcal.candidates.detector_config import detector_config, detector_from_config
-from lungcal.candidates.lesions import GlassChannel, LesionDetector, interleave
+from lungcal.candidates.lesions import GlassChannel, LesionDetector, interleave, median_filter
 from lungcal.candidates.sensitivity import lesion_ranks
 from lungcal.data.synthetic.insertion import InsertedLesion, choose_centre, draw_lesion, insert_lesions
 from lungcal.engine.evaluate.lesion_bed import PRESETS, _preprocessed
@@ -20,6 +21,51 @@ def _cands(xs, radius=1.0):
     vox = np.array([[x, 0, 0] for x in xs], np.int64).reshape(-1, 3)
     score = np.arange(len(xs), 0, -1, dtype=float)
     return Candidates(vox, vox.astype(float), np.full(len(xs), radius), score)
+
+
+@pytest.mark.parametrize("shape,size", [((30, 27, 33), (3, 3, 3)), ((12, 17, 9), (5, 5, 3)), ((3, 20, 20), (5, 3, 3)),
+                                        ((1, 7, 7), (3, 3, 3)), ((19, 10, 21), (1, 3, 5))])
+def test_median_filter_is_scipys_bit_for_bit(shape, size):
+    rng = np.random.default_rng(sum(shape))
+    x = rng.normal(size=shape).astype(np.float32)
+    x[::3] = np.round(x[::3])  # ties
+    np.testing.assert_array_equal(median_filter(x, size, slab=4), ndimage.median_filter(x, size=size))
+
+
+def test_median_filter_refuses_an_even_window():
+    with pytest.raises(ValueError, match="odd"):
+        median_filter(np.zeros((4, 4, 4), np.float32), (2, 3, 3))
+
+
+def test_mask_memo_closes_a_mask_once_and_finds_it_by_content():
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return np.ones((4, 4, 4), bool), np.ones((4, 4, 4), bool)
+
+    memo, mask = MaskMemo(), np.zeros((4, 4, 4), bool)
+    first = memo.get(mask, (2.5, 2.5, 2.5), (8.0, 4.0), compute)
+    again = memo.get(mask.copy(), np.array([2.5, 2.5, 2.5]), (8.0, 4.0), compute)  # another array, same content
+    assert len(calls) == 1 and again[0] is first[0] and not first[0].flags.writeable
+    memo.get(mask, (2.0, 2.5, 2.5), (8.0, 4.0), compute)  # another grid
+    memo.get(mask, (2.5, 2.5, 2.5), (10.0, 4.0), compute)  # another closing
+    other = mask.copy()
+    other[1, 1, 1] = True
+    memo.get(other, (2.5, 2.5, 2.5), (8.0, 4.0), compute)  # another mask
+    assert len(calls) == 4
+
+
+def test_the_memo_leaves_the_candidates_as_they_are(lidc_background):
+    image, lung, affine, _ = _scan(lidc_background, [], 0)
+    sp = np.linalg.norm(affine[:3, :3], axis=0)
+    det = LoGBlobDetector(top_k=16)
+    memo = MaskMemo()
+    shared = [det.detect(image, lung, sp, affine, memo=memo) for _ in range(2)]  # the second finds the closing
+    alone = det.detect(image, lung, sp, affine)
+    for got in shared:
+        np.testing.assert_array_equal(got.voxel, alone.voxel)
+        np.testing.assert_array_equal(got.score, alone.score)
 
 
 def test_interleave_follows_the_pattern_and_skips_overlaps():
