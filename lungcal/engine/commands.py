@@ -212,7 +212,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lb.add_argument("--places", nargs="+", default=None, metavar="PLACE",
                     help="places: free pleura mediastinum vessel (default: all)")
     lb.add_argument("--preset", nargs="+", default=None, metavar="NAME",
-                    help="bag presets: default (2.5 mm voxels, K 8, P 16), fullres (1 mm, K 16, P 32); "
+                    help="bag presets: default (2.5 mm voxels, K 16, P 16), fullres (1 mm, K 16, P 32); "
                          "default: default")
     lb.add_argument("--detector", action="append", default=None, metavar="NAME=SPEC",
                     help="a detector to score (repeatable): SPEC is {} (the solid LoG search, LoGBlobDetector), a "

@@ -38,3 +38,16 @@ def test_mixup_draws_do_not_depend_on_the_device_of_the_batch():
     a, b = MILTrainStep(mixup_alpha=0.4, seed=7), MILTrainStep(mixup_alpha=0.4, seed=7)
     assert a.generator.device.type == "cpu"
     assert torch.equal(torch.randperm(16, generator=a.generator), torch.randperm(16, generator=b.generator))
+
+
+def test_eval_step_without_flips_runs_one_view_and_leaves_the_models_flips_on():
+    engine = _engine(False)
+    engine.network.tta_flips = True
+    batch = _batch()
+    flipped = MILEvalStep()(engine, batch)["pred"]
+    one = MILEvalStep(flips=False)(engine, batch)["pred"]
+    assert engine.network.tta_flips  # restored
+    engine.network.tta_flips = False
+    plain = MILEvalStep()(engine, batch)["pred"]
+    torch.testing.assert_close(one, plain)
+    assert not torch.allclose(one, flipped)  # the 8 flips average to another output

@@ -93,11 +93,29 @@ class MILEvalStep:
     """``iteration_update`` of evaluators: ``{"pred": logits, "label", "attention"}`` without grad.
 
     Never under autocast: ECE and temperature scaling see float32 logits.
+
+    Args:
+        flips: whether a model with test-time flips (``tta_flips``) runs them here. The CT bundles'
+            per-epoch validation passes False: it only ranks the epochs for the checkpoint, and the 8
+            flips made it about 40 % of a training epoch at K = 16; the chosen checkpoint is then
+            scored (val, test, the calibrators' fit) with its flips.
     """
+
+    def __init__(self, flips: bool = True) -> None:
+        self.flips = bool(flips)
 
     def __call__(self, engine, batchdata) -> dict[str, Any]:
         (bags, mask), label = engine.prepare_batch(batchdata, engine.state.device, engine.non_blocking)
+        net = engine.network
         engine.network.eval()
-        with torch.no_grad():
-            logits, attention = engine.network(bags, mask)
+        inner = getattr(net, "module", net)  # DistributedDataParallel wraps the model
+        saved = getattr(inner, "tta_flips", None)
+        if saved is not None and not self.flips:
+            inner.tta_flips = False
+        try:
+            with torch.no_grad():
+                logits, attention = engine.network(bags, mask)
+        finally:
+            if saved is not None:
+                inner.tta_flips = saved
         return {CommonKeys.IMAGE: None, CommonKeys.LABEL: label, CommonKeys.PRED: logits, "attention": attention}
