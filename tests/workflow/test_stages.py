@@ -29,7 +29,7 @@ def test_a_stage_logs_its_start_and_its_end_or_where_it_stopped(caplog):
 def test_the_plan_names_the_cohort_the_epochs_and_the_post_hoc_calibration():
     text = plan_text("focal", None, 20, ["ts"])
     assert "built-in synthetic demo cohort (1000 CTs" in text and "20 epochs" in text and "then TS" in text
-    assert "25 min the first time" in text
+    assert "9 min the first time" in text
     text = plan_text("ce", "/data/site/upmc.json", 5, [])
     assert "the datalist upmc.json" in text and "no post-hoc calibration" in text and "min the first" not in text
     assert "/data/site" not in text  # the file name only

@@ -80,7 +80,7 @@ def plan_text(method: str, datalist: str | None, epochs: int, post_hoc: Any = ()
     text = (f"{method} stage 1 on {what}: series checks and one bag per CT (cached ones are read back), "
             f"{epochs} epochs, evaluation on val and test, then {post}")
     if demo and not demo_subjects:
-        text += ("; on an idle 2-core machine this took about 25 min the first time and 10 min once cached "
+        text += ("; on an idle 2-core machine this took about 9 min the first time and 3-4 min once cached "
                  "(docs/results.md)")
     return text
 
