@@ -55,7 +55,7 @@ import torch
 
 from lungcal.candidates.bags import extract_bag
 from lungcal.candidates.cache import BagParams
-from lungcal.candidates.lesions import SOLID_RADII_MM
+from lungcal.candidates.lesions import SOLID_PYRAMID_SIGMA_VOX, SOLID_RADII_MM
 from lungcal.ct.io import load_ct
 from lungcal.ct.transforms import build_preprocess, preprocess_ct
 from lungcal.data.synthetic import (
@@ -91,7 +91,8 @@ def bag_params(preset: str) -> BagParams:
     cfg = json.loads((BUNDLES / "nlst_focal.json").read_text())
     if preset.startswith("fullres"):
         cfg.update(json.loads((BUNDLES / "fullres.json").read_text()))
-    detector = {"radii_mm": list(SOLID_RADII_MM)} if preset.endswith("_solid") else bundle_detector(cfg)
+    solid = {"radii_mm": list(SOLID_RADII_MM), "pyramid_sigma_vox": SOLID_PYRAMID_SIGMA_VOX}
+    detector = solid if preset.endswith("_solid") else bundle_detector(cfg)
     return BagParams(**{k: tuple(cfg[k]) if isinstance(cfg[k], list) else cfg[k] for k in BAG_KEYS},
                      detector=detector)
 

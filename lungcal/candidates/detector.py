@@ -32,6 +32,7 @@ import numpy as np
 from scipy import ndimage
 
 from lungcal.ct.masking import Spacing, coarse_view, upsample_nearest
+from lungcal.runtime.parallel import cpu_threads, gaussian_filter_, map_ordered, spans
 
 __all__ = ["Candidates", "Detector", "LoGBlobDetector", "MaskMemo", "voxel_to_world", "world_to_voxel"]
 
@@ -123,11 +124,15 @@ def _laplacian(g: np.ndarray, spacing: np.ndarray, slab: int = 16) -> np.ndarray
     Computed in slabs of ``slab`` planes along the first axis (each with a one-plane halo), so the
     scratch arrays are a few planes, not volumes, and no padded copy is made; the arithmetic
     (``(lo + hi - 2 g) / h^2`` summed over the axes, in that order) is the same operation by
-    operation as a padded central difference, so the values are bit-identical to it.
+    operation as a padded central difference, so the values are bit-identical to it. The slabs run
+    on :func:`~lungcal.runtime.parallel.cpu_threads` threads.
     """
     out = np.empty_like(g)
-    for a, b, a0, b0 in _halo_slabs(g.shape[0], slab):
+
+    def one(a: int, b: int, a0: int, b0: int) -> None:
         out[a:b] = _laplacian_block(g[a0:b0], spacing)[a - a0: a - a0 + b - a]
+
+    map_ordered(one, list(_halo_slabs(g.shape[0], slab)))
     return out
 
 
@@ -159,7 +164,8 @@ def _laplacian_block(g: np.ndarray, spacing: np.ndarray) -> np.ndarray:
 
 def _block_mean(vol: np.ndarray, step: Sequence[int] | np.ndarray) -> np.ndarray:
     """Mean over blocks of ``step`` voxels per axis (the last block of an axis is completed by
-    replicating the edge), float32: one pass per axis, each on the already reduced volume."""
+    replicating the edge), float32: one pass per axis, each on the already reduced volume, in slabs on
+    :func:`~lungcal.runtime.parallel.cpu_threads` threads."""
     out = vol
     for axis, f in enumerate(int(v) for v in step):
         if f == 1:
@@ -167,19 +173,32 @@ def _block_mean(vol: np.ndarray, step: Sequence[int] | np.ndarray) -> np.ndarray
         m = np.moveaxis(out, axis, 0)
         nc = -(-m.shape[0] // f)
         acc = np.zeros((nc, *m.shape[1:]), np.float32)
-        for k in range(f):
-            part = m[k::f]
-            acc[: len(part)] += part
-            if len(part) < nc:
-                acc[len(part):] += m[-1]
-        acc /= np.float32(f)
+
+        def piece(a: int, b: int, m: np.ndarray = m, acc: np.ndarray = acc, f: int = f, nc: int = nc) -> None:
+            mp, ap = m[:, a:b], acc[:, a:b]  # a slab across the reduced axis: its own output
+            for k in range(f):
+                part = mp[k::f]
+                ap[: len(part)] += part
+                if len(part) < nc:
+                    ap[len(part):] += mp[-1]
+            ap /= np.float32(f)
+
+        map_ordered(piece, spans(m.shape[1], 2 * cpu_threads()))
         out = np.moveaxis(acc, 0, axis)
     return np.ascontiguousarray(out)
 
 
 def _filled(vol: np.ndarray, mask: np.ndarray, background: float) -> np.ndarray:
-    """A new float32 volume: ``vol`` inside ``mask``, ``background`` outside."""
-    return np.where(mask, vol.astype(np.float32, copy=False), np.float32(background))
+    """A new float32 volume: ``vol`` inside ``mask``, ``background`` outside (in slabs, on
+    :func:`~lungcal.runtime.parallel.cpu_threads` threads)."""
+    src, out = vol.astype(np.float32, copy=False), np.empty(vol.shape, np.float32)
+
+    def one(a: int, b: int) -> None:
+        out[a:b] = np.float32(background)
+        np.copyto(out[a:b], src[a:b], where=mask[a:b])
+
+    map_ordered(one, spans(vol.shape[0], 2 * cpu_threads()))
+    return out
 
 
 def _scale_space(vol: np.ndarray, mask: np.ndarray, background: float, sigma_mm: float, spacing: np.ndarray,
@@ -192,18 +211,17 @@ def _scale_space(vol: np.ndarray, mask: np.ndarray, background: float, sigma_mm:
     which is the same arithmetic as into a new array).
 
     ``sigma_mm`` is converted per axis with the spacing; second derivatives are central finite
-    differences of ``G`` in mm (one Gaussian filter per scale instead of three derivative filters).
+    differences of ``G`` in mm (one Gaussian filter per scale instead of three derivative filters),
+    on :func:`~lungcal.runtime.parallel.cpu_threads` threads (bit-identical to one).
     On a sub-sampled grid the volume is first averaged over ``step`` blocks (which blurs by a box
     of variance ``(step^2 - 1) / 12`` voxels), and the Gaussian makes up the rest of ``sigma``.
     """
     if (step == 1).all():
         g, sp, sig = _filled(vol, mask, background), spacing, np.full(3, sigma_mm)
-        ndimage.gaussian_filter(g, sig / sp, output=g, mode="nearest", truncate=3.0)
     else:
-        src, sp = _block_mean(_filled(vol, mask, background), step), spacing * step
+        g, sp = _block_mean(_filled(vol, mask, background), step), spacing * step
         sig = np.sqrt(np.maximum(sigma_mm**2 - (step**2 - 1) / 12.0 * spacing**2, (0.5 * sp) ** 2))
-        g = ndimage.gaussian_filter(src, sig / sp, mode="nearest", truncate=3.0)
-        del src
+    gaussian_filter_(g, sig / sp, mode="nearest", truncate=3.0)
     if g.dtype != np.float32:
         g = g.astype(np.float32)
     resp = _laplacian(g, sp)
@@ -217,17 +235,20 @@ def _points_above(resp: np.ndarray, threshold: float, slab: int = 16) -> np.ndar
 
     The maxima are found in slabs of ``slab`` planes along the first axis, each with a one-plane
     halo, so the filter's scratch is a few planes, not a volume; the 3x3x3 window reaches one plane
-    out, so every plane's maxima are those of the whole volume's filter."""
+    out, so every plane's maxima are those of the whole volume's filter. The slabs run on
+    :func:`~lungcal.runtime.parallel.cpu_threads` threads, in order."""
     if resp.size <= LOCAL_MAX_PREFILTER_VOXELS:
         return np.argwhere(resp > threshold)
-    parts = []
-    for a, b, a0, b0 in _halo_slabs(resp.shape[0], slab):
+
+    def one(a: int, b: int, a0: int, b0: int) -> np.ndarray:
         block = resp[a0:b0]
         peak = ndimage.maximum_filter(block, size=3, mode="nearest")[a - a0: a - a0 + b - a]
         here = block[a - a0: a - a0 + b - a]
         idx = np.argwhere((here > threshold) & (here >= peak))
         idx[:, 0] += a
-        parts.append(idx)
+        return idx
+
+    parts = map_ordered(one, list(_halo_slabs(resp.shape[0], slab)))
     return np.concatenate(parts) if parts else np.zeros((0, 3), np.int64)
 
 
@@ -284,6 +305,32 @@ def _hessian_at(g: np.ndarray, pts: np.ndarray, spacing: np.ndarray) -> np.ndarr
             v = (at(e + f) - at(e - f) - at(-e + f) + at(-e - f)) / (4 * spacing[i] * spacing[j])
             h[:, i, j] = h[:, j, i] = v
     return h
+
+
+def _distance_above(x: np.ndarray, radius: float, spacing: np.ndarray) -> np.ndarray:
+    """``distance_transform_edt(x, sampling=spacing) > radius`` (``x`` with at least one zero), in slabs
+    along the first axis on :func:`~lungcal.runtime.parallel.cpu_threads` threads.
+
+    A voxel's answer depends only on the zeros within ``radius`` of it, so each slab is computed with a
+    halo of ``radius`` on each side and the answers are those of the whole volume: a distance to the
+    nearest zero of the slab is exact when it is at most ``radius``, and otherwise above it in both.
+    (A slab without zeros has every voxel farther than ``radius`` from any.)"""
+    spacing = np.asarray(spacing, np.float64).reshape(3)
+    halo = int(np.ceil(radius / spacing[0])) + 1
+    n = x.shape[0]
+    out = np.empty(x.shape, bool)
+
+    def one(a: int, b: int) -> None:
+        a0, b0 = max(a - halo, 0), min(b + halo, n)
+        part = x[a0:b0]
+        if part.all():
+            out[a:b] = True
+            return
+        out[a:b] = (ndimage.distance_transform_edt(part, sampling=spacing) > radius)[a - a0: b - a0]
+
+    parts = cpu_threads()
+    map_ordered(one, spans(n, parts) if parts > 1 and n >= 4 * halo * parts else [(0, n)])
+    return out
 
 
 class MaskMemo:
@@ -417,20 +464,19 @@ class LoGBlobDetector:
         exactly in mm.
 
         Morphology by Euclidean distance transforms (``sampling=spacing``): O(N), whatever the
-        radius, and exact on anisotropic grids.
+        radius, and exact on anisotropic grids; in slabs on several threads (:func:`_distance_above`).
         """
         mask = mask > 0
         if not mask.any():
             return mask
         if self.mask_closing_mm > 0:
-            grown = ndimage.distance_transform_edt(~mask, sampling=spacing) <= self.mask_closing_mm
-            mask = grown if grown.all() else (
-                ndimage.distance_transform_edt(grown, sampling=spacing) > self.mask_closing_mm)
+            grown = ~_distance_above(~mask, self.mask_closing_mm, spacing)
+            mask = grown if grown.all() else _distance_above(grown, self.mask_closing_mm, spacing)
         return ndimage.binary_fill_holes(mask)  # nodules enclosed by parenchyma
 
     def _dilate_mask(self, closed: np.ndarray, spacing: np.ndarray) -> np.ndarray:
         if self.mask_dilation_mm > 0 and closed.any():
-            return ndimage.distance_transform_edt(~closed, sampling=spacing) <= self.mask_dilation_mm
+            return ~_distance_above(~closed, self.mask_dilation_mm, spacing)
         return closed
 
     def _closed_dilated(self, mask: np.ndarray, spacing: np.ndarray,

@@ -73,6 +73,7 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import pixel_array
 
 from lungcal.errors import DataError
+from lungcal.runtime.parallel import cpu_threads, map_ordered, spans
 
 from .dicom_objects import frame_headers, is_ct_image, is_multiframe_ct, is_projection, kind, series_kind
 
@@ -182,7 +183,12 @@ class SimpleITKReader(ImageReader):
         # the one copy: int -> float32 in memory order (streaming), flips included; the (X, Y, Z)
         # result is a transposed (Fortran-ordered) view of it
         out = np.empty(zyx.shape, dtype=np.float32)
-        out[...] = _flipped(zyx, [2 - a for a in axes])
+        src = _flipped(zyx, [2 - a for a in axes])
+
+        def copy(a: int, b: int) -> None:  # in slabs of slices on the process's threads
+            out[a:b] = src[a:b]
+
+        map_ordered(copy, spans(len(out), 2 * cpu_threads()))
         arr = out.transpose(2, 1, 0)
         meta = _meta(affine, arr.shape)
         meta[SERIES_INFO] = {"format": "itk"}

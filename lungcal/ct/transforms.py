@@ -38,6 +38,7 @@ from monai.data import MetaTensor
 from monai.transforms import Compose, MapTransform, Spacingd, SpatialCrop, Transform
 
 from lungcal.errors import ConfigError, DataError, LungcalError
+from lungcal.runtime.parallel import cpu_threads, map_ordered
 
 from .extent import require_extent
 from .io import load_ct
@@ -346,19 +347,32 @@ class SeparableSpacingd(MapTransform):
         return d
 
     def _separable(self, x: torch.Tensor, xform: np.ndarray, shape: tuple[int, ...], mode: str) -> torch.Tensor:
+        src = x
         for ax in sorted(range(3), key=lambda a: -xform[a, a]):  # shrinking axes first: smaller intermediates
             x = self._axis(x, ax + 1, shape[ax], float(xform[ax, ax]), float(xform[ax, 3]), mode)
+        if x.untyped_storage().data_ptr() == src.untyped_storage().data_ptr():  # every axis was a slice
+            x = x.clone(memory_format=torch.contiguous_format)  # a new volume, as a resampled one is
         return x
 
     def _axis(self, x: torch.Tensor, axis: int, n_out: int, scale: float, offset: float, mode: str) -> torch.Tensor:
-        """Interpolate ``x`` along ``axis`` onto ``n_out`` points at ``scale * i + offset`` (clamped)."""
+        """Interpolate ``x`` along ``axis`` onto ``n_out`` points at ``scale * i + offset`` (clamped).
+
+        An axis whose voxel size does not change and whose points fall on input voxels (a 1 mm scan's
+        slices on the 1 mm grid) is a slice of the input, with no arithmetic: the interpolation there
+        gives the input values exactly (``lerp`` at weight 0 or 1). Otherwise the output is made in
+        chunks along the other spatial axis of the largest stride (contiguous pieces of memory), on
+        :func:`~lungcal.runtime.parallel.cpu_threads` threads; each voxel by the same arithmetic."""
         n_in = x.shape[axis]
+        shift = round(offset)
+        if scale == 1.0 and offset == shift and 0 <= shift and shift + n_out <= n_in:
+            return x.narrow(axis, shift, n_out)
         pos = (torch.arange(n_out, dtype=torch.float64) * scale + offset).clamp(0, n_in - 1)
         out_shape = list(x.shape)
         out_shape[axis] = n_out
         out = torch.empty(out_shape, dtype=torch.float32)
-        chunk_dim = 1 if axis != 1 else 2  # chunked along another spatial axis, to bound the temporaries
+        chunk_dim = max((d for d in range(1, x.ndim) if d != axis), key=lambda d: x.stride(d))
         per_chunk = max(1, self.max_voxels // max(1, math.prod(out_shape) // out_shape[chunk_dim]))
+        per_chunk = min(per_chunk, -(-out_shape[chunk_dim] // (2 * cpu_threads())))  # work for every thread
         if mode == "nearest":
             near = torch.round(pos).long()
         else:
@@ -367,13 +381,16 @@ class SeparableSpacingd(MapTransform):
             view = [1] * x.ndim
             view[axis] = n_out
             w = (pos - lo).to(torch.float32).view(view)
-        for c0 in range(0, out_shape[chunk_dim], per_chunk):
+
+        def one(c0: int) -> None:
             part = x.narrow(chunk_dim, c0, min(per_chunk, out_shape[chunk_dim] - c0))
             target = out.narrow(chunk_dim, c0, part.shape[chunk_dim])
             if mode == "nearest":
                 target.copy_(part.index_select(axis, near))
             else:
                 target.copy_(torch.lerp(part.index_select(axis, lo), part.index_select(axis, hi), w))
+
+        map_ordered(one, [(c0,) for c0 in range(0, out_shape[chunk_dim], per_chunk)])
         return out
 
 

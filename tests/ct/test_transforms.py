@@ -214,3 +214,21 @@ def test_separable_spacing_leaves_a_small_output_to_spacingd_bit_for_bit():
     for key in ("image", "lung_mask"):
         assert torch.equal(got[key].as_tensor(), want[key].as_tensor())
         assert torch.equal(got[key].affine, want[key].affine)
+
+
+def test_separable_spacing_passes_an_unchanged_axis_through_and_never_aliases_its_input():
+    """A 1 mm scan's slices on the 1 mm grid: that axis is a slice of the input (the interpolation would give
+    its values exactly); with every axis unchanged the output is still a new volume (HUWindowd works in place)."""
+    affine = np.diag([0.7, 0.7, 1.0, 1.0])
+    data = _volume(affine)
+    want = Spacingd(("image", "lung_mask"), pixdim=(1.0, 1.0, 1.0), **SPACING_KW)(dict(data))
+    got = SeparableSpacingd(("image", "lung_mask"), pixdim=(1.0, 1.0, 1.0), max_voxels=500, **SPACING_KW)(dict(data))
+    np.testing.assert_allclose(got["image"].numpy(), want["image"].numpy(), atol=0.05)
+    assert torch.equal(got["lung_mask"].as_tensor(), want["lung_mask"].as_tensor())
+
+    same = _volume(np.diag([1.0, 1.0, 1.0, 1.0]))
+    out = SeparableSpacingd(("image", "lung_mask"), pixdim=(1.0, 1.0, 1.0), max_voxels=500, **SPACING_KW)(dict(same))
+    for key in ("image", "lung_mask"):
+        assert torch.equal(out[key].as_tensor(), same[key].as_tensor())
+        out[key].as_tensor().fill_(7.0)
+        assert not torch.equal(out[key].as_tensor(), same[key].as_tensor())
