@@ -2,6 +2,8 @@
 threaded steps (detector, masks, resampling, loading) against their one-thread or scipy selves."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import numpy as np
@@ -63,6 +65,22 @@ def test_map_ordered_keeps_order_raises_and_does_not_nest():
         return sum(map_ordered(lambda j: j + i, [(j,) for j in range(4)], threads=2))
 
     assert map_ordered(outer, [(i,) for i in range(6)], threads=2) == [6 + 4 * i for i in range(6)]
+
+
+def test_a_forked_child_makes_its_own_pool():
+    """The parent's pool threads do not exist in a forked child (a bag worker, a DataLoader worker): the
+    child must not hand work to them (it would wait forever; the alarm turns that into a failure)."""
+    assert map_ordered(lambda i: i, [(i,) for i in range(4)], threads=2) == [0, 1, 2, 3]  # the parent's pool
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            signal.alarm(20)
+            code = 0 if map_ordered(lambda i: i + 1, [(i,) for i in range(8)], threads=2) == list(range(1, 9)) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 @pytest.mark.parametrize("mode,truncate", [("nearest", 3.0), ("reflect", 2.5), ("constant", 4.0)])

@@ -71,7 +71,7 @@ def _fill_dense(hu: np.ndarray, dense: np.ndarray, sigma_vox: np.ndarray, level:
     around them (a normalised convolution); ``level`` where none is near."""
     keep = (~dense).astype(np.float32)
     num = gaussian_filter_(hu * keep, sigma_vox, mode="reflect", truncate=2.5)
-    den = gaussian_filter_(keep.copy(), sigma_vox, mode="reflect", truncate=2.5)
+    den = gaussian_filter_(keep, sigma_vox, mode="reflect", truncate=2.5)
     fill = np.where(den > 1e-3, num / np.maximum(den, np.float32(1e-3)), np.float32(level))
     return np.where(dense, fill, hu).astype(np.float32)
 

@@ -46,7 +46,15 @@ def spans(n: int, parts: int) -> list[tuple[int, int]]:
 _POOLS: dict[int, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 _IN_POOL = threading.local()
-os.register_at_fork(after_in_child=_POOLS.clear)
+
+
+def _after_fork_in_child() -> None:
+    global _LOCK
+    _POOLS.clear()
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
