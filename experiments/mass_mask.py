@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -166,8 +167,34 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=4300)
     ap.add_argument("--seed-step", type=int, default=1, help="the seed of background b is seed + seed_step * b")
     ap.add_argument("--out", type=Path, default=Path("runs/mass_mask"))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                    help="one more masker to score beside before/after, LungMasker(**JSON) (repeatable), e.g. "
+                         "'dir7={\"mass_directions\": 7}': its share is the column share_NAME, its heart volume "
+                         "heart_ml_NAME, and the last table gives each variant's >= 0.5 share and median")
     a = ap.parse_args()
+    for v in a.variant:
+        name, _, spec = v.partition("=")
+        if not name or name in MASKERS:
+            ap.error(f"--variant needs a new NAME=JSON, got {v!r}")
+        MASKERS[name] = LungMasker(**json.loads(spec or "{}"))
     run(a.ct_dir, a.seed, a.seed_step, a.out)
+    if a.variant:
+        print(variant_table(list(csv.DictReader(open(a.out / "lesions.csv"))), list(MASKERS)))
+
+
+def variant_table(rows: list[dict], names: list[str]) -> str:
+    """Per kind and place: each masker's share of lesions at least half inside the mask, and the median share."""
+    g: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in rows:
+        g[(r["kind"], r["place"])].append(r)
+    lines = ["| lesion | place | n | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for (kind, place), rs in sorted(g.items()):
+        cells = []
+        for n in names:
+            v = np.array([float(r[f"share_{n}"]) for r in rs])
+            cells.append(f"{np.mean(v >= 0.5):.0%} ({np.median(v):.2f})")
+        lines.append(f"| {kind} | {place} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
