@@ -4,6 +4,7 @@
 - ``resume.py``: crash-safe runs: run identity, ignite checkpoints with every RNG state, resume;
 - ``bundle_config.py``: the MONAI bundle config a run records (params, resolved sections);
 - ``exit_hook.py``: a ``LungcalError`` under ``python -m monai.bundle run`` ends in one line, exit code 2.
+- ``parallel.py``: one CT's CPU numerics in slabs on torch's thread count, bit for bit the one-thread values.
 """
 from lungcal.runtime.device import resolve_device, seed_everything
 
