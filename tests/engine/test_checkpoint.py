@@ -9,6 +9,7 @@ import torch
 from monai.bundle import ConfigParser
 
 from lungcal.engine.model.checkpoint import bag_params_of, build_network, load_checkpoint, load_stage1, network_config
+from lungcal.engine.model.handlers import AtomicCheckpoint, atomic_torch_save
 from lungcal.errors import ConfigError
 from lungcal.mil import LogSumExpMIL, build_mil_model
 from lungcal.runtime.bundle_config import spec_of
@@ -62,3 +63,18 @@ def test_not_a_checkpoint_is_a_config_error(tmp_path):
     torch.save({"weights": 1}, tmp_path / "x.pt")
     with pytest.raises(ConfigError, match="not a lungcal stage-1 checkpoint"):
         load_checkpoint(tmp_path / "x.pt")
+
+
+def test_binding_the_checkpoint_folder_sweeps_a_killed_write(tmp_path):
+    """A process killed while writing best.pt / last.pt leaves its temporary file; the run's next process
+    removes it when it binds the folder, and nothing else there."""
+    atomic_torch_save({"epoch": 3}, tmp_path / "last.pt")
+    stale = [tmp_path / ".last.pt.k1ll3d.tmp", tmp_path / ".best.pt.x9.tmp"]
+    kept = [tmp_path / ".other.json.ab.tmp", tmp_path / "last.pt", tmp_path / "notes.txt"]
+    for p in stale + kept[:1] + kept[2:]:
+        p.write_bytes(b"half")
+    AtomicCheckpoint(torch.nn.Linear(2, 2), evaluator=None).bind(tmp_path)
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in kept)
+    assert torch.load(tmp_path / "last.pt", weights_only=True) == {"epoch": 3}
+    AtomicCheckpoint(torch.nn.Linear(2, 2), evaluator=None).bind(tmp_path / "not_yet")  # a new run's folder

@@ -125,8 +125,16 @@ class AtomicCheckpoint:
         self.best_epoch = 0
 
     def bind(self, directory: str | os.PathLike, extra: Mapping[str, Any] | None = None) -> None:
+        """Set the run's checkpoint folder (and more ``extra``), and remove the temporary files of
+        ``best.pt`` / ``last.pt`` writes that a killed earlier process of this run left there (never a
+        checkpoint: :func:`atomic_torch_save` renames a write only once it is complete; one run identity
+        runs in one process at a time, so no live write is touched)."""
         self.dir = Path(directory)
         self.extra.update(extra or {})
+        if is_rank_zero() and self.dir.is_dir():
+            for name in ("best.pt", "last.pt"):
+                for stale in self.dir.glob(f".{name}.*.tmp"):
+                    stale.unlink(missing_ok=True)
 
     @property
     def best_path(self) -> Path:
