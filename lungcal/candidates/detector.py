@@ -32,7 +32,7 @@ import numpy as np
 from scipy import ndimage
 
 from lungcal.ct.masking import Spacing, coarse_view, upsample_nearest
-from lungcal.runtime.parallel import cpu_threads, gaussian_filter_, map_ordered, spans
+from lungcal.runtime.parallel import cpu_threads, gaussian_filter_, map_ordered, map_slabs, spans
 
 __all__ = ["Candidates", "Detector", "LoGBlobDetector", "MaskMemo", "voxel_to_world", "world_to_voxel"]
 
@@ -183,7 +183,7 @@ def _block_mean(vol: np.ndarray, step: Sequence[int] | np.ndarray) -> np.ndarray
                     ap[len(part):] += mp[-1]
             ap /= np.float32(f)
 
-        map_ordered(piece, spans(m.shape[1], 2 * cpu_threads()))
+        map_slabs(piece, m.shape[1])
         out = np.moveaxis(acc, 0, axis)
     return np.ascontiguousarray(out)
 
@@ -197,7 +197,7 @@ def _filled(vol: np.ndarray, mask: np.ndarray, background: float) -> np.ndarray:
         out[a:b] = np.float32(background)
         np.copyto(out[a:b], src[a:b], where=mask[a:b])
 
-    map_ordered(one, spans(vol.shape[0], 2 * cpu_threads()))
+    map_slabs(one, vol.shape[0])
     return out
 
 

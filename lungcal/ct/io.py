@@ -73,7 +73,7 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import pixel_array
 
 from lungcal.errors import DataError
-from lungcal.runtime.parallel import cpu_threads, map_ordered, spans
+from lungcal.runtime.parallel import map_slabs
 
 from .dicom_objects import frame_headers, is_ct_image, is_multiframe_ct, is_projection, kind, series_kind
 
@@ -188,7 +188,7 @@ class SimpleITKReader(ImageReader):
         def copy(a: int, b: int) -> None:  # in slabs of slices on the process's threads
             out[a:b] = src[a:b]
 
-        map_ordered(copy, spans(len(out), 2 * cpu_threads()))
+        map_slabs(copy, len(out))
         arr = out.transpose(2, 1, 0)
         meta = _meta(affine, arr.shape)
         meta[SERIES_INFO] = {"format": "itk"}

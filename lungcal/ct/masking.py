@@ -61,7 +61,7 @@ from monai.data import MetaTensor
 from numpy.lib.stride_tricks import as_strided
 from scipy import ndimage as ndi
 
-from lungcal.runtime.parallel import cpu_threads, map_ordered, spans
+from lungcal.runtime.parallel import map_slabs
 
 __all__ = ["Spacing", "Masker", "LungMasker", "ball", "fill_holes_2d", "largest_component", "coarse_view",
            "upsample_nearest", "mask_like", "run_masker", "span_hull", "LINES", "line_closing"]
@@ -131,7 +131,7 @@ def upsample_nearest(mask: np.ndarray, step: Sequence[int] | np.ndarray, shape: 
     def rows(a: int, b: int) -> None:
         out[starts[a]:starts[b]] = np.repeat(mid[a:b], counts[0][a:b], axis=0)
 
-    map_ordered(rows, spans(n[0], 2 * cpu_threads()))
+    map_slabs(rows, n[0])
     return out
 
 

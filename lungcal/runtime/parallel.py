@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-__all__ = ["cpu_threads", "gaussian_filter_", "map_ordered", "spans"]
+__all__ = ["cpu_threads", "gaussian_filter_", "map_ordered", "map_slabs", "spans"]
 
 T = TypeVar("T")
 
@@ -74,6 +74,12 @@ def map_ordered(fn: Callable[..., T], items: Sequence, threads: int | None = Non
     if threads == 1 or len(items) <= 1 or getattr(_IN_POOL, "on", False):
         return [fn(*item) for item in items]
     return list(_pool(threads).map(lambda item: fn(*item), items))
+
+
+def map_slabs(fn: Callable[[int, int], T], n: int) -> list[T]:
+    """``fn(a, b)`` for slabs ``[a, b)`` of ``range(n)``, two a thread (:func:`cpu_threads`), in order: the
+    usual cut of an axis whose slabs need no halo (copies, element-wise work)."""
+    return map_ordered(fn, spans(n, 2 * cpu_threads()))
 
 
 def gaussian_filter_(vol: np.ndarray, sigma: float | Sequence[float] | np.ndarray, *, mode: str = "nearest",
