@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from monai.bundle import ConfigParser
+from monai.data import DataLoader
 from torch import nn
 
+from lungcal.calibration.losses import FocalLoss
 from lungcal.errors import ConfigError
 from lungcal.mil import AttentionMIL, LogSumExpMIL, NoisyORMIL, ResNetEncoder, SmallCNNEncoder
 from lungcal.runtime import bundle_config
@@ -84,3 +86,20 @@ def test_the_headline_bundle_parses_with_a_nested_override():
     parser.update({"network_def#encoder#embed_dim": 32})  # under a macro section this raised ValueError
     parser["output_dir"] = None
     assert parser.get_parsed_content("network_def").encoder.embed_dim == 32
+
+
+def test_an_object_without_a_config_records_the_plain_arguments_it_keeps():
+    assert spec_of(FocalLoss(gamma=3.5, alpha=[0.2, 0.8]), strict=False) == {
+        "_target_": "lungcal.calibration.losses.FocalLoss", "gamma": 3.5, "alpha": [0.2, 0.8], "reduction": "mean"}
+    ce = spec_of(nn.CrossEntropyLoss(label_smoothing=0.1), strict=False)
+    assert ce["label_smoothing"] == 0.1 and ce["reduction"] == "mean" and ce["weight"] is None
+    # a data loader: what shapes the batches, not the data, nor how fast it is served
+    data = [torch.zeros(2)] * 10
+    loader = spec_of(torch.utils.data.DataLoader(data, batch_size=3, drop_last=True, pin_memory=True), strict=False)
+    assert loader["batch_size"] == 3 and loader["drop_last"] is True
+    assert not {"dataset", "pin_memory", "sampler", "collate_fn"} & set(loader)
+    # a subclass that passes **kwargs on records its base's arguments too (monai.data.DataLoader)
+    assert spec_of(DataLoader(data, batch_size=4), strict=False)["batch_size"] == 4
+    # an optimizer keeps its defaults, as before
+    opt = spec_of(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9), strict=False)
+    assert opt["lr"] == 0.1 and opt["momentum"] == 0.9 and "params" not in opt

@@ -25,6 +25,7 @@ import pydoc
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from monai.bundle import ConfigParser
 
 from lungcal.errors import ConfigError
@@ -49,8 +50,9 @@ def _spec_value(value: Any, strict: bool, where: str) -> Any:
 
 def spec_of(obj: Any, *, strict: bool = True, where: str = "network_def") -> dict[str, Any]:
     """The ``_target_`` config that rebuilds ``obj``: its ``config()`` when it has one (a :class:`Described`
-    object, a lung masker, a detector), else, when ``strict`` is False, what can be said of it (its class;
-    a torch optimizer's ``defaults``).
+    object, a lung masker, a detector), else, when ``strict`` is False, what can be said of it: its class and
+    a torch optimizer's ``defaults``, or the plain constructor arguments it keeps under their own names
+    (:func:`_readable_arguments`: a loss's, a data loader's).
 
     Raises:
         ConfigError: ``strict`` and ``obj`` cannot describe itself (it could not be rebuilt from a checkpoint).
@@ -70,7 +72,60 @@ def spec_of(obj: Any, *, strict: bool = True, where: str = "network_def") -> dic
     defaults = getattr(obj, "defaults", None)  # torch optimizers
     if isinstance(defaults, Mapping):
         spec.update({k: _spec_value(v, False, where) for k, v in defaults.items() if k != "params"})
+        return spec
+    spec.update(_readable_arguments(obj))
     return spec
+
+
+def _plain(value: Any) -> tuple[bool, Any]:
+    """``(True, value)`` for a value a spec can hold as it is: a scalar, a short list of scalars, or a small
+    tensor as that list; ``(False, None)`` otherwise (a dataset, a function, a generator)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() > _MAX_LIST:
+            return False, None
+        value = [float(f"{v:.7g}") if isinstance(v, float) else v for v in value.detach().cpu().reshape(-1).tolist()]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True, value
+    if isinstance(value, (list, tuple)) and len(value) <= _MAX_LIST and all(
+            v is None or isinstance(v, (bool, int, float, str)) for v in value):
+        return True, list(value)
+    return False, None
+
+
+#: the longest list (or tensor) a spec records as a constructor argument
+_MAX_LIST = 64
+#: arguments that are data, or that change how fast a loader runs but not what it yields
+_NOT_RECORDED = frozenset({"dataset", "data", "data_source", "pin_memory", "pin_memory_device", "timeout",
+                           "prefetch_factor", "persistent_workers", "multiprocessing_context"})
+
+
+def _readable_arguments(obj: Any) -> dict[str, Any]:
+    """The constructor arguments of ``obj`` that it keeps under the same name, where their values are plain
+    (:func:`_plain`): what a loss (``gamma``, ``alpha``, ``reduction``, ``label_smoothing``) or a data loader
+    (``batch_size``, ``drop_last``, ``num_workers``) was built with, so that a nested override of any of them
+    (``--loss#gamma 3``, ``--train#dataloader#batch_size 8``) reaches the params, ``config/resolved.json`` and
+    the resume identity."""
+    params: dict[str, inspect.Parameter] = {}
+    for cls in reversed(type(obj).__mro__[:-1]):  # a subclass's **kwargs reach its bases' arguments
+        try:
+            params.update(inspect.signature(cls.__init__).parameters)
+        except (TypeError, ValueError):
+            continue
+    out: dict[str, Any] = {}
+    for name, p in params.items():
+        if name == "self" or name.startswith("_") or name in _NOT_RECORDED or p.kind in (
+                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if name not in getattr(obj, "__dict__", {}) and not isinstance(getattr(type(obj), name, None), property):
+            if not (hasattr(obj, "_buffers") and name in obj._buffers):  # a module's buffer (FocalLoss.alpha)
+                continue
+        try:
+            ok, value = _plain(getattr(obj, name))
+        except Exception:  # a property that cannot be read in this state
+            continue
+        if ok:
+            out[name] = value
+    return out
 
 
 class Described:

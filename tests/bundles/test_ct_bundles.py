@@ -111,7 +111,7 @@ def test_the_focal_bundle_is_complete_and_the_variants_state_only_what_differs()
 
 def test_a_nested_override_reaches_the_object_and_the_run_logs_the_resolved_config(tiny_cohort, store, monkeypatch):
     run_bundle("nlst_focal", monkeypatch, **tiny(tiny_cohort, store, run_name="t-nested"),
-               **{"network_def#encoder#embed_dim": 24, "train#dataloader#batch_size": 3})
+               **{"network_def#encoder#embed_dim": 24, "train#dataloader#batch_size": 3, "loss#gamma": 3.5})
     s1 = _stage1_run(store, "t-nested")
     ck = torch.load(store / "checkpoints" / s1.info.run_id / "best.pt", weights_only=True)
     assert ck["network_def"]["encoder"]["embed_dim"] == 24
@@ -121,6 +121,10 @@ def test_a_nested_override_reaches_the_object_and_the_run_logs_the_resolved_conf
     assert resolved["settings"]["epochs"] == 1 and resolved["settings"]["patch_size"] == 8
     assert resolved["network_def"]["encoder"]["embed_dim"] == 24
     assert resolved["loss"]["_target_"] == "lungcal.calibration.losses.FocalLoss"
+    # the nested overrides of the loss and the loader reach the record, the params and the resume identity
+    assert resolved["loss"]["gamma"] == 3.5 and resolved["train_loader"]["batch_size"] == 3
+    params = client.get_run(s1.info.run_id).data.params
+    assert params["loss.gamma"] == "3.5" and params["train_loader.batch_size"] == "3"
     assert "output_dir" not in resolved["settings"] and "datalist" not in resolved["settings"]  # no paths
 
 

@@ -28,7 +28,7 @@ from tests.bundles.test_ct_bundles import BUNDLES, run_bundle, tiny
 def test_the_ensemble_bundle_states_only_what_differs_from_the_focal_recipe():
     focal = json.loads((BUNDLES / "nlst_focal.json").read_text())
     ens = json.loads((BUNDLES / "nlst_ensemble.json").read_text())
-    assert set(ens) - {"_comment"} == {"ensemble_members", "workflow"} and ens["ensemble_members"] == 5
+    assert set(ens) - {"_comment", "+initialize"} == {"ensemble_members", "workflow"} and ens["ensemble_members"] == 5
     assert ens["workflow"]["_target_"] == "lungcal.engine.train.ensemble.EnsembleRun"
     assert ens["workflow"]["member_files"] == ["bundles/nlst_focal.json"]
     assert focal["workflow"]["_target_"] == "lungcal.engine.train.stage1.Stage1Run"

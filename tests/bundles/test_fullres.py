@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_fullres_overrides_only_the_bag_grid_of_a_ct_bundle(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # the bundles' % macros are relative to the project root
     preset = json.loads((ROOT / "bundles" / "fullres.json").read_text())
-    assert {k for k in preset if not k.startswith("_")} == {"spacing", "k", "patch_size"}
+    assert {k for k in preset if not k.startswith("_")} == {"spacing", "k", "patch_size", "+initialize"}
+    assert "require_base('bundles/nlst_focal.json', 'bundles/fullres.json')" in preset["+initialize"][-1]
     files = ["bundles/nlst_focal.json"] + ([] if name == "nlst_focal" else [f"bundles/{name}.json"])
     base, merged = ConfigParser(), ConfigParser()
     base.read_config(files)

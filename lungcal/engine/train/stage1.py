@@ -138,7 +138,8 @@ class Stage1Run(TrackedStage1):
         store: where the run goes (:class:`lungcal.workflow.Store`).
         evaluation: ECE bins, bootstrap, seed and ``post_hoc`` calibrators (:class:`lungcal.workflow.Evaluation`).
         scoring: how splits are scored (:class:`Scoring`). init: fine-tuning (:class:`FineTune`).
-        loss, optimizer: recorded as specs (what they are, not rebuilt).
+        loss, optimizer: recorded as specs (what they are and the arguments they keep, not rebuilt); the
+            trainer's data loader too (``train_loader``: its batch size, ``drop_last``, workers).
         lr_scheduler: the trainer's LR scheduler, saved in the resume state.
         parent_run_id: nest this run under that MLflow run (an ensemble's parent run).
         extra_tags: more tags for the stage-1 run (not its post-hoc runs), e.g. ``lungcal.ensemble``.
@@ -168,6 +169,7 @@ class Stage1Run(TrackedStage1):
         self.network_def = spec_of(unwrap(network))  # what a checkpoint rebuilds (ConfigError if it cannot)
         self.loss_def = None if loss is None else spec_of(loss, strict=False, where="loss")
         self.optimizer_def = None if optimizer is None else spec_of(optimizer, strict=False, where="optimizer")
+        self.train_loader_def = spec_of(trainer.data_loader, strict=False, where="train#dataloader")
         self.lr_scheduler = lr_scheduler
         self.mc_samples = check_mc_samples(network, self.scoring.mc_samples)
         self.parent_run_id = parent_run_id or None
@@ -184,7 +186,8 @@ class Stage1Run(TrackedStage1):
         self.scoring.test_pictures = check_picture_mode(mode)
 
     def specs(self) -> dict[str, Any]:
-        return {"network_def": self.network_def, "loss": self.loss_def, "optimizer": self.optimizer_def}
+        return {"network_def": self.network_def, "loss": self.loss_def, "optimizer": self.optimizer_def,
+                "train_loader": self.train_loader_def}
 
     def training_state(self) -> TrainingResume:
         """The resume state of this run: model, optimizer, scheduler, trainer, best metric, every RNG."""
