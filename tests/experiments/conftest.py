@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -17,6 +18,7 @@ def load_script(name: str) -> ModuleType:
     """``experiments/<name>.py`` as a module (its ``main`` is not run)."""
     spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses (and pickling) look their module up there
     spec.loader.exec_module(mod)
     return mod
 

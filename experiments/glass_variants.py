@@ -1,0 +1,214 @@
+"""Detector settings against the lesion bed's subsolid misses (issue 43 item 3): does any setting of the
+ground-glass channel, or contrast against the local lung background, bring more part-solid and
+ground-glass nodules into the default bag?
+
+Inserting lesions and preprocessing dominate a lesion-bed run, so this script does both once: ``build``
+draws the lesion bed (as :func:`~lungcal.engine.evaluate.lesion_bed.bed_rows`: the same planner, seed and
+backgrounds, the kinds asked for) and keeps each inserted scan as the default preset preprocessed it;
+``score`` runs each named detector on the kept scans and prints the share in the K = 16 bag at the
+issue's target sizes (part-solid and solid >= 8 mm, ground glass >= 10 mm at -700 HU or denser, masses),
+per kind and place, and writes one row per lesion and detector.
+
+Detectors are given as in ``lungcal lesion-bed --detector``: a JSON object of a detector's config. Besides
+the library's, :class:`LocalContrastLesionDetector` (this file) is the shipped detector whose ground-glass
+channel subtracts the local lung level (a Gaussian mean over the lung of ``background_mm``, optionally of
+the image clipped at ``clip_hu`` above the lung's median, so the lesion itself does not raise it) before
+the window.
+
+    python experiments/glass_variants.py build --ct-dir ../shared/data/ct --seed 11 \\
+        --kinds part-solid ground-glass --out runs/glass_variants/seed11
+    python experiments/glass_variants.py score --cache runs/glass_variants/seed11 --variants VARIANTS.json \\
+        --out runs/glass_variants/seed11_rows.csv
+
+``VARIANTS.json`` maps a name to a detector config, e.g. ``{"shipped": {"_target_":
+"lungcal.candidates.lesions.LesionDetector"}, "bg12": {"_target_": "glass_variants.LocalContrastLesionDetector",
+"glass": {"background_mm": 12}}}`` (this folder is put on the import path). The tuning draw is ``--seed 11``;
+the lesion bed's tables in docs/results.md use seed 0.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import ndimage
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # variants name classes of this file
+
+from lungcal.candidates.detector import Candidates, LoGBlobDetector, _as_volume  # noqa: E402
+from lungcal.candidates.detector_config import detector_from_config  # noqa: E402
+from lungcal.candidates.lesions import (  # noqa: E402
+    SOLID_PYRAMID_SIGMA_VOX,
+    SOLID_RADII_MM,
+    GlassChannel,
+    LesionDetector,
+    _coarse,
+    _fill_dense,
+    median_filter,
+)
+from lungcal.candidates.sensitivity import lesion_ranks  # noqa: E402
+from lungcal.data.synthetic.insertion import insert_lesions, plan_lesions  # noqa: E402
+from lungcal.engine.evaluate.lesion_bed import HU_WINDOW, PRESETS, _background, _preprocessed  # noqa: E402
+from lungcal.engine.evaluate.lesion_bed_run import cells_of, find_backgrounds  # noqa: E402
+from lungcal.runtime.parallel import gaussian_filter_  # noqa: E402
+
+
+@dataclass
+class LocalContrastGlass(GlassChannel):
+    """:class:`GlassChannel` with the local lung level taken out before the window (module docstring)."""
+
+    background_mm: float = 0.0
+    clip_hu: float | None = None
+
+    def detect(self, image, lung_mask, spacing, affine, *, memo=None) -> Candidates:
+        vol = _as_volume(image).astype(np.float32, copy=False)
+        mask = _as_volume(lung_mask) > 0
+        sp = np.asarray(spacing, np.float64).reshape(3)
+        affine = np.asarray(affine, np.float64)
+        lo, hi = self.hu_window
+        small, m, step = _coarse(vol, mask, sp, self.grid_mm)
+        hu = small * np.float32(hi - lo) + np.float32(lo)
+        gsp = sp * step
+        size = np.maximum(1, np.round(self.median_mm / gsp).astype(np.int64)) | 1
+        med = median_filter(hu, tuple(int(s) for s in size)) if (size > 1).any() else hu
+        dense = ndimage.binary_dilation(med > np.float32(self.dense_hu))
+        rest = m & ~dense
+        level = float(np.median(med[rest])) if rest.any() else float(self.window_hu[0])
+        glass = _fill_dense(med, dense, self.fill_sigma_mm / gsp, level)
+        if self.background_mm > 0:
+            src = glass if self.clip_hu is None else np.minimum(glass, np.float32(level + self.clip_hu))
+            w = m.astype(np.float32)
+            s = self.background_mm / gsp
+            num = gaussian_filter_(src * w, s, mode="reflect", truncate=2.5)
+            den = gaussian_filter_(w, s, mode="reflect", truncate=2.5)
+            local = np.where(den > 0.05, num / np.maximum(den, np.float32(0.05)), np.float32(level))
+            glass = (glass - local + np.float32(level)).astype(np.float32)
+        glo, ghi = self.window_hu
+        np.clip((glass - np.float32(glo)) / np.float32(ghi - glo), 0, 1, out=glass)
+        gaff = affine.copy()
+        gaff[:3, :3] = affine[:3, :3] * step[None, :]
+        gaff[:3, 3] = affine[:3, 3] + affine[:3, :3] @ ((step - 1) / 2.0)
+        found = LoGBlobDetector(**{**self.log, "radii_mm": self.radii_mm, "top_k": self.top_k}).detect(
+            glass, m, gsp, gaff, memo=memo)
+        vox = np.rint((found.world - affine[:3, 3]) @ np.linalg.inv(affine[:3, :3]).T).astype(np.int64)
+        vox = np.clip(vox.reshape(-1, 3), 0, np.asarray(vol.shape) - 1)
+        return Candidates(vox, found.world, found.radius_mm, found.score)
+
+
+@dataclass
+class LocalContrastLesionDetector(LesionDetector):
+    """The shipped :class:`LesionDetector` with :class:`LocalContrastGlass` as its ground-glass channel."""
+
+    def _channels(self) -> dict:
+        solid = {"radii_mm": SOLID_RADII_MM, "pyramid_sigma_vox": SOLID_PYRAMID_SIGMA_VOX, **self.solid}
+        return {"S": LoGBlobDetector(**{**solid, "top_k": self.top_k}),
+                "G": LocalContrastGlass(**{**self.glass, "hu_window": self.hu_window, "top_k": self.top_k})}
+
+
+def target(kind: str, d: float, gg_hu: float) -> bool:
+    """The lesions item 3's targets count."""
+    if kind in ("solid", "part-solid"):
+        return d >= 8
+    if kind == "ground-glass":
+        return d >= 10 and gg_hu >= -700
+    return kind == "mass"
+
+
+def build(ct_dir: Path, seed: int, kinds: list[str], per_cell: int, out: Path, preset: str = "default") -> None:
+    """Draw the bed and keep each inserted scan, preprocessed at ``preset``, under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    bgs, _ = find_backgrounds(ct_dir)
+    cells = cells_of(kinds, None, per_cell)
+    rng = np.random.default_rng(seed)
+    meta = []
+    for b, (image, reals) in enumerate(bgs):
+        share = {c: n // len(bgs) + (1 if b < n % len(bgs) else 0) for c, n in cells.items()}
+        bg = _background(image, reals)
+        for i, lesions in enumerate(tqdm(plan_lesions(bg, share, rng, per_scan=2), desc=bg.name, unit="scan")):
+            img, lung, aff = _preprocessed(insert_lesions(bg, lesions), bg, PRESETS[preset], HU_WINDOW)
+            name = f"{bg.name}-{i:03d}.npz"
+            np.savez(out / name, image=np.asarray(img[0]), lung=lung, affine=aff)
+            meta.append({"file": name, "background": bg.name, "lesions": [x.row() for x in lesions],
+                         "centres": [[float(v) for v in x.centre_ras] for x in lesions],
+                         "radii": [float(x.radius_mm) for x in lesions], "mass": [x.kind == "mass" for x in lesions]})
+    (out / "meta.json").write_text(json.dumps({"seed": seed, "preset": preset, "scans": meta}))
+
+
+def score(cache: Path, variants: dict[str, dict]) -> list[dict]:
+    """One row per kept lesion and variant: its rank in the variant's candidates and whether it is in the bag."""
+    info = json.loads((cache / "meta.json").read_text())
+    preset = PRESETS[info["preset"]]
+    dets = {n: detector_from_config(dict(c)) for n, c in variants.items()}
+    rows = []
+    for m in tqdm(info["scans"], desc="score", unit="scan"):
+        z = np.load(cache / m["file"])
+        img, lung, aff = z["image"], z["lung"], z["affine"]
+        sp = np.linalg.norm(aff[:3, :3], axis=0)
+        for name, det in dets.items():
+            c = det.detect(img[None], lung, sp, aff)
+            ranks = lesion_ranks(np.array(m["centres"]), np.array(m["radii"]), np.array(m["mass"]), c.voxel,
+                                 c.world, aff, preset.patch_size)
+            for x, r in zip(m["lesions"], ranks):
+                rows.append({"variant": name, "background": m["background"], "scan": m["file"], "kind": x["kind"],
+                             "place": x["place"], "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"],
+                             "core_frac": x["core_frac"], "rank": int(r), "in_bag": bool(0 < r <= preset.k)})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """In the bag at the target sizes, per variant x kind (all places, then each place)."""
+    count: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for x in rows:
+        if not target(x["kind"], float(x["diameter_mm"]), float(x["gg_hu"])):
+            continue
+        for place in ("all", x["place"]):
+            count[(x["variant"], x["kind"], place)][0] += bool(x["in_bag"])
+            count[(x["variant"], x["kind"], place)][1] += 1
+    places = ("all", "free", "pleura", "mediastinum", "vessel")
+    kinds = sorted({k for _, k, _ in count})
+    lines = ["| variant | kind | " + " | ".join(places) + " |", "|---|---|" + "---|" * len(places)]
+    for v in dict.fromkeys(x["variant"] for x in rows):
+        for k in kinds:
+            cells = [f"{count[(v, k, p)][0]}/{count[(v, k, p)][1]}" for p in places]
+            lines.append(f"| {v} | {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="draw the bed and keep its preprocessed scans")
+    b.add_argument("--ct-dir", type=Path, default=Path("../shared/data/ct"))
+    b.add_argument("--seed", type=int, default=11)
+    b.add_argument("--kinds", nargs="+", default=["part-solid", "ground-glass"])
+    b.add_argument("--per-cell", type=int, default=30)
+    b.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    b.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("score", help="run detector variants on the kept scans")
+    s.add_argument("--cache", type=Path, required=True)
+    s.add_argument("--variants", type=Path, required=True, help="JSON: name -> detector config")
+    s.add_argument("--out", type=Path, required=True, help="rows CSV")
+    a = ap.parse_args(argv)
+    if a.cmd == "build":
+        build(a.ct_dir, a.seed, a.kinds, a.per_cell, a.out, a.preset)
+        return
+    t = time.perf_counter()
+    rows = score(a.cache, json.loads(a.variants.read_text()))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(a.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(table(rows))
+    print(f"{len(rows)} rows in {time.perf_counter() - t:.0f} s -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()

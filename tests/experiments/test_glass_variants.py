@@ -1,0 +1,42 @@
+"""experiments/glass_variants.py: the local-contrast channel is the shipped one at 0 mm; the table counts targets."""
+from __future__ import annotations
+
+import numpy as np
+
+from lungcal.candidates.lesions import GlassChannel
+from tests.experiments.conftest import load_script
+
+
+def _lung_with_glass() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    hu = np.full((40, 40, 30), -850.0) + rng.normal(0, 20, (40, 40, 30))
+    z, y, x = np.ogrid[:40, :40, :30]
+    hu[(z - 20) ** 2 + (y - 18) ** 2 + (x - 15) ** 2 <= 16] = -600.0  # a ground-glass blob, 8 voxels across
+    mask = np.zeros(hu.shape, bool)
+    mask[4:36, 4:36, 3:27] = True
+    return ((hu + 1000) / 1400).astype(np.float32), mask
+
+
+def test_the_local_contrast_channel_at_0_mm_is_the_shipped_channel_and_finds_the_blob():
+    gv = load_script("glass_variants")
+    img, mask = _lung_with_glass()
+    sp, aff = (2.5, 2.5, 2.5), np.diag([2.5, 2.5, 2.5, 1.0])
+    shipped = GlassChannel(top_k=8).detect(img, mask, sp, aff)
+    same = gv.LocalContrastGlass(top_k=8).detect(img, mask, sp, aff)
+    np.testing.assert_array_equal(same.voxel, shipped.voxel)
+    np.testing.assert_allclose(same.score, shipped.score)
+    local = gv.LocalContrastGlass(top_k=8, background_mm=12.0).detect(img, mask, sp, aff)
+    assert np.abs(local.voxel[0] - [20, 18, 15]).max() <= 1  # the blob is still the best
+
+
+def test_the_table_counts_only_the_targets_per_place():
+    gv = load_script("glass_variants")
+    rows = [{"variant": "a", "kind": "part-solid", "place": "pleura", "diameter_mm": 9, "gg_hu": -600, "in_bag": True},
+            {"variant": "a", "kind": "part-solid", "place": "free", "diameter_mm": 6, "gg_hu": -600, "in_bag": True},
+            {"variant": "a", "kind": "ground-glass", "place": "free", "diameter_mm": 12, "gg_hu": -750,
+             "in_bag": False},
+            {"variant": "a", "kind": "ground-glass", "place": "free", "diameter_mm": 12, "gg_hu": -650,
+             "in_bag": False}]
+    lines = gv.table(rows).splitlines()
+    assert lines[2] == "| a | ground-glass | 0/1 | 0/1 | 0/0 | 0/0 | 0/0 |"
+    assert lines[3] == "| a | part-solid | 1/1 | 0/0 | 1/1 | 0/0 | 0/0 |"
