@@ -53,7 +53,8 @@ from scipy.special import ndtri
 
 __all__ = ["ACQUISITION_FIELDS", "AcquisitionStats", "acquisition_stats", "sample_slices", "body_masks",
            "air_level", "noise_level", "edge_sigma", "PADDING_BELOW_HU", "SUMMARY_VERSION", "SUMMARY_QUANTILES",
-           "summarize_acquisitions", "summary_quantiles", "TOLERANCE", "training_range", "outside_training"]
+           "summarize_acquisitions", "summary_quantiles", "TOLERANCE", "training_range", "outside_training",
+           "join_summaries"]
 
 #: the measured numbers a site check compares (all floats; NaN when not measurable)
 ACQUISITION_FIELDS = ("slice_thickness_mm", "slice_spacing_mm", "pixel_mm", "air_hu", "noise_hu", "edge_sigma_mm")
@@ -170,6 +171,31 @@ def summarize_acquisitions(stats: Sequence[AcquisitionStats | None], profiles: S
                                "quantiles": {f"{q:g}": float(x) for q, x in zip(SUMMARY_QUANTILES, qs)}}
     for key, names in (("profiles", profiles), ("kernels", kernels)):
         counts = Counter(str(p) for p in names if p)
+        out[key] = dict(sorted(counts.items()))
+    return out
+
+
+def join_summaries(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """``first`` widened by ``second`` (two :func:`summarize_acquisitions` summaries): each field's ``min`` and
+    ``max`` span both, ``n`` and ``n_measured`` add up, the counts of profiles and kernels add up. The
+    quantiles, mean and sd stay ``first``'s (a site test compares with the training data's central range;
+    what one CT is flagged against is the min-max range, :func:`outside_training`)."""
+    for s in (first, second):
+        if s.get("version") != SUMMARY_VERSION:
+            raise ValueError(f"acquisition summary version {s.get('version')!r}, expected {SUMMARY_VERSION}")
+    out = {**first, "n": int(first.get("n", 0)) + int(second.get("n", 0)),
+           "n_measured": int(first.get("n_measured", 0)) + int(second.get("n_measured", 0)), "fields": {}}
+    for name in ACQUISITION_FIELDS:
+        a = dict((first.get("fields") or {}).get(name) or {})
+        b = (second.get("fields") or {}).get(name) or {}
+        lows = [v for v in (a.get("min"), b.get("min")) if v is not None]
+        highs = [v for v in (a.get("max"), b.get("max")) if v is not None]
+        a.update(n=int(a.get("n") or 0) + int(b.get("n") or 0), min=min(lows) if lows else None,
+                 max=max(highs) if highs else None)
+        out["fields"][name] = a
+    for key in ("profiles", "kernels"):
+        counts = Counter(first.get(key) or {})
+        counts.update(second.get(key) or {})
         out[key] = dict(sorted(counts.items()))
     return out
 

@@ -107,8 +107,11 @@ def _readable_arguments(obj: Any) -> dict[str, Any]:
     the resume identity."""
     params: dict[str, inspect.Parameter] = {}
     for cls in reversed(type(obj).__mro__[:-1]):  # a subclass's **kwargs reach its bases' arguments
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
         try:
-            params.update(inspect.signature(cls.__init__).parameters)
+            params.update(inspect.signature(init).parameters)
         except (TypeError, ValueError):
             continue
     out: dict[str, Any] = {}

@@ -40,7 +40,14 @@ from lungcal.calibration.shift import EmbeddingRange
 from lungcal.cli import main
 from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
 from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, reference_calibrator
-from lungcal.engine.evaluate.cases import DEMO_NOTICE, OOD_REASON, ReferralRule, answer_line, case_record
+from lungcal.engine.evaluate.cases import (
+    DEMO_NOTICE,
+    NOT_COVERED,
+    OOD_REASON,
+    ReferralRule,
+    answer_line,
+    case_record,
+)
 from lungcal.engine.evaluate.pictures import (
     _patch,
     _plane,
@@ -325,9 +332,12 @@ def test_site_with_a_guaranteed_threshold_decides_work_up_and_states_the_guarant
     case = json.loads((out / "cases" / "ct0000.json").read_text())
     dec = case["decision"]
     assert dec == {"positive": case["probability"] >= stored["threshold"], "threshold": stored["threshold"],
-                   "statement": stored["statement"], "alpha": 0.5, "delta": 0.5, "n_cancers": stored["n_cancers"]}
+                   "statement": stored["statement"], "covered": True, "alpha": 0.5, "delta": 0.5,
+                   "n_cancers": stored["n_cancers"]}
     assert dec["threshold"] == pytest.approx(site_run.data.metrics["val/threshold_missrate"])
     assert "at most 50% of cancers fall below it, with probability at least 50%" in dec["statement"]
+    # the site's calibration CTs joined the reference this CT was placed against
+    assert "site site-g's calibration CTs" in case["out_of_distribution"]["reference"]
     line = [a for a in printed.splitlines() if a.startswith("ct0000")][0]
     assert ("  work-up  " in line) if dec["positive"] else ("no work-up (below the guaranteed threshold)" in line)
     assert f"decision at site site-g: {stored['statement']}" in printed
@@ -401,8 +411,8 @@ def test_decision_block_line_and_picture_for_both_verdicts():
               "attention": np.ones((2, 1)), "candidates": [cand, cand], "member_probs": None}
     rule = ReferralRule.given(0.7)
     up, down = (case_record(scores, i, rule, calibrator="platt", decision=g) for i in (0, 1))
-    assert up["decision"] == {"positive": True, "threshold": 0.2, "statement": g.statement(), "alpha": 0.05,
-                              "delta": 0.1, "n_cancers": 60}
+    assert up["decision"] == {"positive": True, "threshold": 0.2, "statement": g.statement(), "covered": True,
+                              "alpha": 0.05, "delta": 0.1, "n_cancers": 60}
     assert down["decision"]["positive"] is False
     assert "  work-up  top candidate" in answer_line(up)
     assert "no work-up (below the guaranteed threshold)" in answer_line(down)
@@ -699,6 +709,49 @@ def test_training_range_flags_acquisition_and_embedding_and_says_what_it_could_n
     assert unmeasured["note"].startswith("the check was not possible: ")
     none = TrainingRange.from_run("sqlite:///unused.db", None).block(stats(0.7), ref[0])
     assert not none["flagged"] and "checkpoint file" in none["note"] and none["acquisition_outside"] is None
+
+
+def test_a_sites_calibration_cts_join_the_range_and_a_ct_outside_it_is_not_covered_by_the_guarantee():
+    def stats(px):
+        return AcquisitionStats(5.0, 5.0, px, -1000.0, 20.0, 1.0)
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(200, 4))
+    site_feats = rng.normal(size=(120, 4)) + np.array([40.0, 0, 0, 0])  # another scanner's embeddings
+    training = TrainingRange(summarize_acquisitions([stats(4.8), stats(5.0), stats(5.2)]), None, features=ref)
+    training = training._fit("validation split")
+    site_summary = summarize_acquisitions([stats(0.68), stats(0.7), stats(0.72)])
+    assert training.block(stats(0.7), site_feats[0])["flagged"]  # before: every CT of the site is outside
+    joined = training.joined(site_summary, site_feats, "site-x")
+    summary = joined.summary
+    assert summary["n"] == 6 and summary["fields"]["pixel_mm"]["min"] == 0.68
+    assert summary["fields"]["pixel_mm"]["max"] == 5.2
+    assert summary["fields"]["pixel_mm"]["quantiles"] == training.summary["fields"]["pixel_mm"]["quantiles"]
+    block = joined.block(stats(0.7), site_feats[0] + 0.01)
+    assert not block["flagged"], block
+    assert block["reference"] == ("the training data and site site-x's calibration CTs "
+                                  "(3 CTs' acquisition, 120 CTs' embeddings)")
+    assert joined.block(stats(9.0), site_feats[0])["flagged"]  # outside both
+    assert joined.block(stats(0.7), site_feats[0] + 200.0)["flagged"]
+    assert training.joined(None, None, "site-y") is training  # a run that logged neither changes nothing
+
+    # a CT flagged outside the reference keeps its decision, but the guarantee says it does not cover it
+    g = MissedCancerGuarantee(threshold=0.2, alpha=0.05, delta=0.1, n=300, n_cancers=60, positive_rate=0.4,
+                              sensitivity=0.97)
+    cand = {"world": np.array([[10.0, 10.0, 10.0]]), "score": np.array([1.0]), "radius_mm": np.array([4.0])}
+    scores = {"subjects": ["ct0000"], "probs": np.array([[0.7, 0.3]]), "attention": np.ones((1, 1)),
+              "candidates": [cand], "member_probs": None}
+    out = joined.block(stats(9.0), site_feats[0])
+    case = case_record(scores, 0, ReferralRule.given(0.6), calibrator="ts", decision=g, ood=out)
+    dec = case["decision"]
+    assert dec["positive"] is True and dec["covered"] is False and case["referral"]["refer"] is True
+    assert dec["statement"].startswith("NOT COVERED by the guarantee: this CT lies outside the training data and "
+                                       "site site-x's calibration CTs") and g.statement() in dec["statement"]
+    assert "pixel_mm 9" in dec["statement"]
+    assert f"work-up ({NOT_COVERED})" in answer_line(case)
+    inside = case_record(scores, 0, ReferralRule.given(0.6), calibrator="ts", decision=g,
+                         ood=joined.block(stats(0.7), site_feats[0] + 0.01))
+    assert inside["decision"]["covered"] is True and inside["decision"]["statement"] == g.statement()
 
 
 def _prior_site(model, tmp_path, site: str, params: dict, tags: dict) -> None:

@@ -31,6 +31,7 @@ from lungcal.calibration.scaling import (
     select_calibrator,
 )
 from lungcal.cli import main
+from lungcal.ct.acquisition import AcquisitionStats
 from lungcal.ct.qc import QCCheck, QCReport
 from lungcal.engine.evaluate import calibrators as calibrators_module
 from lungcal.engine.evaluate.calibrators import (
@@ -47,7 +48,15 @@ from lungcal.engine.site.site_check import COMPARABLE, MIN_SITE_CTS, PREVALENCE_
 from lungcal.errors import ConfigError, DataError
 from lungcal.mil.models import build_mil_model
 from lungcal.paths import atomic_write_text
-from lungcal.tracking import SELECTION_ARTIFACT, TAG_FORCED, RunTracker, linked_calibrator, linked_temperature
+from lungcal.tracking import (
+    SELECTION_ARTIFACT,
+    TAG_FORCED,
+    RunTracker,
+    linked_calibrator,
+    linked_temperature,
+    run_acquisition_summary,
+    run_site_reference,
+)
 
 
 def _overconfident(n, seed, scale, prevalence=0.3):
@@ -286,6 +295,32 @@ def test_an_old_reference_ts_run_is_scored_by_its_temperature(site, capsys):
                                                        abs=1e-6)
     assert linked_temperature(site["uri"], stage1) == pytest.approx(1.25)  # the reference stays the reference
     assert linked_temperature(site["uri"], stage1, site="site-b") == pytest.approx(m["temperature"])
+
+
+def test_the_sites_calibration_cts_are_logged_for_predict_to_join_to_the_reference(site, monkeypatch, tmp_path):
+    """The recalibration run logs its val CTs as a stage-1 run logs its own (``data/acquisition.json`` of the CTs
+    that passed the checks, ``data/site_reference.npz`` with their embeddings): ``predict --site`` joins them to
+    the range a CT is flagged against (``lungcal.engine.infer.ood.TrainingRange.joined``)."""
+    scored = recalibrate_module.score_rows
+
+    def with_features(net, rows, *a, **kw):
+        out = scored(net, rows, *a, **kw)
+        return {**out, "features": torch.arange(len(out["labels"]) * 3, dtype=torch.float32).reshape(-1, 3)}
+
+    def measured(rows, config, cache_dir, masker=None, num_workers=0):
+        return [QCReport([], acquisition=AcquisitionStats(1.0, 1.0, 0.7 + 0.01 * i, -1000.0, 30.0, 0.8))
+                for i, _ in enumerate(rows)]
+
+    monkeypatch.setattr(recalibrate_module, "score_rows", with_features)
+    monkeypatch.setattr(recalibrate_module, "screen", measured)
+    res = recalibrate(site["parent"], site["datalist"], method="ts", tracking_uri=site["uri"],
+                      output_dir=site["tmp"] / "out", n_bootstrap=50)
+    summary = run_acquisition_summary(site["uri"], res.run_id)
+    assert summary is not None and summary["n"] == summary["n_measured"] == res.n_val == 10
+    assert summary["fields"]["pixel_mm"]["min"] == pytest.approx(0.7)
+    ref = run_site_reference(site["uri"], res.run_id)
+    assert ref is not None and ref["features"].shape == (len(site["fake"]["val"][1]), 3)
+    np.testing.assert_array_equal(ref["labels"], np.asarray(site["fake"]["val"][1]))
 
 
 def test_recalibrate_from_checkpoint_without_logging(site):
@@ -590,6 +625,39 @@ def test_a_scanner_shift_refuses_the_label_free_routes_in_one_line_naming_the_va
     checked = json.loads(call["path"].read_text())
     assert sorted({r["split"] for r in checked["rows"]}) == ["test", "val"] and len(checked["rows"]) == 20
     assert checked["source"] == "site:site-b"
+
+
+def test_the_unlabelled_cts_are_checked_themselves_before_em_runs_on_them(site, capsys, tmp_path, monkeypatch):
+    """val and test comparable, the unlabelled CTs another scanner: EM must not run on them."""
+    MlflowClient(site["uri"]).log_metric(site["parent"], "val/prevalence", 0.4)
+    site["fake"]["unlabelled"] = _shifted(200, 3, 0.2)
+    unl = tmp_path / "unl.json"
+    unl.write_text(json.dumps({"rows": [{"image": "ct0.nii.gz"}, {"image": "ct1.nii.gz"}]}))
+    calls = []
+
+    def by_rows(run, path, **kw):
+        rows = json.loads(Path(path).read_text())["rows"]
+        calls.append(rows)
+        shifted = all("split" not in r for r in rows)  # the unlabelled CTs have no split
+        return _site_check_result(SCANNER_SHIFT if shifted else COMPARABLE, [SHIFT_REASON] if shifted else [],
+                                  run_id="feed000000000000" if shifted else "c0ffee0000000000")
+
+    monkeypatch.setattr(recalibrate_module, "site_check", by_rows)
+    capsys.readouterr()
+    assert _cli(site, "--method", "prior", "--unlabelled", str(unl), "--n-bootstrap", "0") == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lungcal")]
+    assert len(err) == 1 and "--unlabelled refused: site check verdict scanner_shift" in err[0]
+    assert "feed000000000000" in err[0]
+    assert [len(c) for c in calls] == [20, 2]  # val and test first, then the unlabelled CTs on their own
+    _no_run_left(site)
+    # forced: the run records both checks and is tagged
+    calls.clear()
+    assert _cli(site, "--method", "prior", "--unlabelled", str(unl), "--n-bootstrap", "0", "--force") == 0
+    _, (run,) = _site_runs(site)
+    assert run.data.params[SITE_CHECK_PARAM] == COMPARABLE
+    assert run.data.params[f"{SITE_CHECK_PARAM}_unlabelled"] == SCANNER_SHIFT
+    assert run.data.params[f"{SITE_CHECK_RUN_PARAM}_unlabelled"] == "feed000000000000"
+    assert run.data.tags[TAG_FORCED] == SCANNER_SHIFT
 
 
 def test_force_runs_past_a_scanner_shift_tags_the_run_and_predict_warns(site, capsys):

@@ -11,8 +11,9 @@ written as ``cases/<pseudonym>.json``:
 - ``referral``: the :class:`ReferralRule` and its verdict for this CT;
 - ``decision``: with a site whose recalibration stored a decision threshold (``lungcal recalibrate
   --miss-rate``, :mod:`lungcal.calibration.guarantee`), ``{"positive": p >= threshold (sent on for
-  work-up), "threshold", "statement" (the guarantee in one sentence), "alpha", "delta", "n_cancers"}``
-  (:func:`decision_block`); else ``null``;
+  work-up), "threshold", "statement" (the guarantee in one sentence), "covered" (false for a CT flagged
+  outside the model's reference, whose statement then says the guarantee does not cover it), "alpha",
+  "delta", "n_cancers"}`` (:func:`decision_block`); else ``null``;
 - ``candidates``: the ``top_k`` most attended candidates, most attended first: attention, centre in RAS
   mm (MONAI world) and LPS mm (DICOM patient coordinates, what a PACS viewer shows), radius and
   detector score.
@@ -61,6 +62,8 @@ __all__ = ["ReferralRule", "WORK_UP", "NO_WORK_UP", "OOD_REASON", "DEMO_NOTICE",
 #: the printed verdicts of a decision threshold
 WORK_UP = "work-up"
 NO_WORK_UP = "no work-up (below the guaranteed threshold)"
+#: what the printed line adds to the decision of a CT outside the model's reference
+NOT_COVERED = "not covered by the guarantee: outside the reference"
 #: the referral reason of a CT outside the model's training data
 OOD_REASON = "outside the model's training data"
 #: what every answer of a model trained on the synthetic demo cohort says
@@ -129,12 +132,26 @@ def uncertainty_fields(p1: float, member_p1: np.ndarray | None = None, method: s
     return fields
 
 
-def decision_block(p1: float, guarantee: MissedCancerGuarantee | None) -> dict[str, Any] | None:
-    """The ``decision`` of one CT under a site's guaranteed threshold (``None`` without one)."""
+def decision_block(p1: float, guarantee: MissedCancerGuarantee | None,
+                   ood: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The ``decision`` of one CT under a site's guaranteed threshold (``None`` without one).
+
+    ``covered``: whether the guarantee speaks for this CT. It was certified on the site's labelled CTs, which
+    lay inside the model's reference; a CT flagged outside it (``ood``, :mod:`lungcal.engine.infer.ood`) is not
+    exchangeable with them, so its decision is still given, but its ``statement`` says the guarantee does not
+    cover it."""
     if guarantee is None:
         return None
+    covered = not (ood and ood.get("flagged"))
+    statement = guarantee.statement()
+    if not covered:
+        assert ood is not None
+        why = ood_summary(ood, ranges=False)
+        statement = (f"NOT COVERED by the guarantee: this CT lies outside {ood.get('reference') or 'the training data'}"
+                     f"{f' ({why})' if why else ''}, and the guarantee speaks only for CTs like those it was "
+                     f"certified on ({statement})")
     return {"positive": bool(guarantee.decide([p1])[0]), "threshold": guarantee.threshold,
-            "statement": guarantee.statement(), "alpha": guarantee.alpha, "delta": guarantee.delta,
+            "statement": statement, "covered": covered, "alpha": guarantee.alpha, "delta": guarantee.delta,
             "n_cancers": guarantee.n_cancers}
 
 
@@ -196,7 +213,7 @@ def case_record(scores: Mapping[str, Any], i: int, rule: ReferralRule, *, calibr
         "uncertainty": uncertainty_fields(p1, None if members is None else members[:, i, 1]),
         "referral": {"refer": refer, "confidence": conf, "threshold": rule.threshold,
                      "source": rule.source, "rule": rule.describe(), "reasons": reasons},
-        "decision": decision_block(p1, decision),
+        "decision": decision_block(p1, decision, ood),
         "candidates": cands,
         "n_candidates": int(n),
         "qc": None if qc is None else {"verdict": qc.verdict, "warnings": [w.name for w in qc.warnings]},
@@ -235,6 +252,8 @@ def answer_line(case: Mapping[str, Any]) -> str:
     decision = case.get("decision")
     if decision is not None:
         verdict += f"  {WORK_UP if decision['positive'] else NO_WORK_UP}"
+        if decision.get("covered") is False:
+            verdict += f" ({NOT_COVERED})"
     top = case["candidates"][0] if case["candidates"] else None
     where = "no candidate" if top is None else f"top candidate {position_text(top['ras_mm'])}, attention " \
         f"{top['attention']:.2f}"

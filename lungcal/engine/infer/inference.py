@@ -264,7 +264,10 @@ class InferenceRun:
         if prior_warning:
             print(f"  {prior_warning}", flush=True)
         notice = demo_notice(stage1.run)
-        training = TrainingRange.from_run(self.tracking_uri, stage1.run)
+        # a site's recalibration joins its calibration CTs to the range (lungcal.engine.infer.ood)
+        site_run = (linked_calibrator_run(self.tracking_uri, stage1.run, site=self.site)
+                    if self.site and stage1.run is not None and self.temperature is None else None)
+        training = TrainingRange.from_run(self.tracking_uri, stage1.run, site_run, self.site)
         # the key first: whatever happens to a CT from here on, its pseudonym can be looked up
         key = write_key(all_rows, self.output, skipped=found.skipped, source=self.inputs)
         for name, why in found.skipped:
@@ -347,6 +350,7 @@ class InferenceRun:
                 metrics["n_outside_training"] = sum(bool(o["flagged"]) for o in oods)
                 if decision is not None:
                     metrics.update(n_work_up=sum(bool(c["decision"]["positive"]) for c in cases),
+                                   n_not_covered=sum(not c["decision"]["covered"] for c in cases),
                                    decision_threshold=decision.threshold)
                 tracker.log_metrics(metrics)
                 tracker.set_tags({TAG_OUTCOME: "partial" if refused else "complete"})

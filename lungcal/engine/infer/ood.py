@@ -11,6 +11,12 @@
   (:class:`lungcal.calibration.shift.EmbeddingRange`; a validation split under about 99 cases is too small for
   that level, and the embedding is then not checked).
 
+After a site's labelled recalibration (``lungcal recalibrate``), the site's own calibration CTs join the
+reference: ``predict --site`` widens the acquisition range by theirs and fits the embedding range on the
+validation cases and theirs together (:meth:`TrainingRange.joined`; the recalibration run logs both as the
+stage-1 run does). Without that, every CT of a site of another scanner stays outside the training range after
+the site was recalibrated for it, and every one would be referred.
+
 Either makes the CT *flagged*: its record's ``out_of_distribution`` block says why, and it is referred
 (:data:`lungcal.engine.evaluate.cases.OOD_REASON`). What could not be checked (a checkpoint instead of a run,
 a run logged before these artifacts, series checks off, too small a validation split) is said in the block
@@ -30,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from lungcal.calibration.shift import EmbeddingRange
-from lungcal.ct.acquisition import AcquisitionStats, outside_training
+from lungcal.ct.acquisition import AcquisitionStats, join_summaries, outside_training
 from lungcal.engine.evaluate.cases import DEMO_NOTICE, OOD_REASON
 from lungcal.engine.evaluate.reports import flat_features
 from lungcal.errors import DataError
@@ -54,16 +60,22 @@ class TrainingRange:
     """What a stage-1 run knows of its training data, to place one CT against (module doc).
 
     ``summary``: the training split's acquisition summary (None: not logged); ``embedding``: the validation
-    cases' embedding range (None: not possible); ``notes``: why a part cannot be checked.
+    cases' embedding range (None: not possible); ``notes``: why a part cannot be checked; ``reference``: what
+    the range holds, in words; ``features``: the embeddings ``embedding`` was fitted on.
     """
 
     summary: Mapping[str, Any] | None = None
     embedding: EmbeddingRange | None = None
     notes: dict[str, str] = field(default_factory=dict)
+    #: what the range holds, in words (the training data, and a site's calibration CTs once joined)
+    reference: list[str] = field(default_factory=lambda: ["the training data"])
+    #: the reference embeddings the range was fitted on (kept so that a site's can join them)
+    features: np.ndarray | None = None
 
     @classmethod
-    def from_run(cls, tracking_uri: str, run) -> TrainingRange:
-        """The range of a stage-1 run (``None``: a checkpoint file, nothing to compare with)."""
+    def from_run(cls, tracking_uri: str, run, site_run=None, site: str | None = None) -> TrainingRange:
+        """The range of a stage-1 run (``None``: a checkpoint file, nothing to compare with); with ``site_run``
+        (the site's ``lungcal recalibrate`` run), joined by the site's calibration CTs (:meth:`joined`)."""
         if run is None:
             why = "the model is a checkpoint file, not an MLflow run: its training data is unknown"
             return cls(notes={"acquisition": why, "embedding": why})
@@ -72,21 +84,58 @@ class TrainingRange:
         summary = run_acquisition_summary(tracking_uri, run_id)
         if summary is None:
             notes["acquisition"] = "the model's run logged no acquisition summary of its training data"
-        embedding = None
         ref = run_site_reference(tracking_uri, run_id)
+        feats = None
         if ref is None or ref.get("features") is None:
             notes["embedding"] = "the model's run logged no validation embeddings (data/site_reference.npz)"
         else:
             feats = flat_features(ref["features"])
-            try:
-                embedding = EmbeddingRange(feats)
-            except DataError as exc:
-                notes["embedding"] = f"too small a validation split for an embedding range: {exc.message}"
-            if embedding is not None and not math.isfinite(embedding.threshold):
-                embedding = None  # too few cases for the range's level: nothing could ever be flagged
-                notes["embedding"] = (f"too small a validation split for an embedding range: {len(feats)} cases, "
-                                      "too few for its 99th percentile")
-        return cls(summary, embedding, notes)
+        out = cls(summary, None, notes, features=feats)._fit("validation split")
+        if site_run is None:
+            return out
+        site_id = site_run.info.run_id
+        site_ref = run_site_reference(tracking_uri, site_id)
+        return out.joined(run_acquisition_summary(tracking_uri, site_id),
+                          None if site_ref is None or site_ref.get("features") is None
+                          else flat_features(site_ref["features"]), site or site_id)
+
+    def _fit(self, what: str) -> TrainingRange:
+        """Fit the embedding range on :attr:`features` (a note instead where too few)."""
+        self.embedding = None
+        if self.features is None:
+            return self
+        try:
+            self.embedding = EmbeddingRange(self.features)
+        except DataError as exc:
+            self.notes["embedding"] = f"too small a {what} for an embedding range: {exc.message}"
+            return self
+        if not math.isfinite(self.embedding.threshold):
+            self.embedding = None  # too few cases for the range's level: nothing could ever be flagged
+            self.notes["embedding"] = (f"too small a {what} for an embedding range: {len(self.features)} cases, "
+                                       "too few for its 99th percentile")
+        else:
+            self.notes.pop("embedding", None)
+        return self
+
+    def joined(self, site_summary: Mapping[str, Any] | None, site_features: np.ndarray | None,
+               site: str) -> TrainingRange:
+        """This range with a site's calibration CTs joined (module doc): the acquisition range widened by the
+        site's summary (:func:`lungcal.ct.acquisition.join_summaries`), the embedding range refitted on the
+        reference's and the site's embeddings together. What the site's run did not log is left as it was."""
+        summary = self.summary
+        parts = []
+        if summary is not None and site_summary is not None:
+            summary = join_summaries(summary, site_summary)
+            parts.append(f"{int(site_summary.get('n_measured', 0))} CTs' acquisition")
+        feats = self.features
+        if feats is not None and site_features is not None and site_features.shape[1:] == feats.shape[1:]:
+            feats = np.concatenate([feats, np.asarray(site_features, float)])
+            parts.append(f"{len(site_features)} CTs' embeddings")
+        if not parts:
+            return self
+        out = TrainingRange(summary, self.embedding, dict(self.notes),
+                            [*self.reference, f"site {site}'s calibration CTs ({', '.join(parts)})"], feats)
+        return out._fit("validation split and site calibration CTs") if feats is not self.features else out
 
     def block(self, stats: AcquisitionStats | None, features: np.ndarray | None) -> dict[str, Any]:
         """The ``out_of_distribution`` block of one CT: ``flagged``, ``reason``, ``acquisition_outside`` (the
@@ -111,7 +160,8 @@ class TrainingRange:
         checked = {"acquisition": outside is not None, "embedding": distance is not None}
         out: dict[str, Any] = {"flagged": flagged, "reason": OOD_REASON if flagged else None,
                                "acquisition_outside": outside, "embedding_distance": distance,
-                               "embedding_threshold": threshold, "checked": checked, "not_checked": notes}
+                               "embedding_threshold": threshold, "checked": checked, "not_checked": notes,
+                               "reference": " and ".join(self.reference)}
         if not any(checked.values()):
             out["note"] = "the check was not possible: " + "; ".join(notes.values())
         return out

@@ -40,9 +40,11 @@ cancers is refused first, and so is one whose CTs trained the model or chose its
 assumes that only the prevalence changed. Before either is fitted, ``lungcal site-check``
 (:func:`lungcal.engine.site.site_check.site_check`, logged as its own MLflow run) is run on the datalist's
 ``val`` and ``test`` rows: the CTs the adjustment is evaluated on, drawn from the population it will be
-applied to (the train split is not used by a recalibration; unlabelled CTs are not checked separately).
-Its verdict and run are recorded on the recalibration run (params ``site_check``, ``site_check_run``),
-which is what ``predict --site`` reads (:func:`lungcal.engine.evaluate.calibrators.prior_guard`).
+applied to (the train split is not used by a recalibration). With ``--unlabelled``, the unlabelled CTs
+that EM runs on are checked too, on their own (a shift among them must not be diluted by val and test):
+params ``site_check_unlabelled``, ``site_check_run_unlabelled``; either check refuses alike. The val and test
+verdict and run are recorded on the recalibration run (params ``site_check``, ``site_check_run``), which is
+what ``predict --site`` reads (:func:`lungcal.engine.evaluate.calibrators.prior_guard`).
 
 - ``scanner_shift``: refused (ConfigError, exit code 2) in one line naming the verdict, its first reason and
   the routes that are valid (labelled recalibration, fine-tuning), unless ``force``: then the run goes on,
@@ -59,7 +61,7 @@ it valid under any shift.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,12 +82,13 @@ from lungcal.calibration.scaling import (
 )
 from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.candidates.cache import BagParams, masker_from_config
+from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
 from lungcal.ct.qc import QCConfig
 from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split, save_manifest
-from lungcal.engine.data.series_qc import keep_passing, screen
+from lungcal.engine.data.series_qc import acquisitions, keep_passing, screen
 from lungcal.engine.data.unlabelled import unlabelled_rows
 from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, UNCHECKED, reference_calibrator
-from lungcal.engine.evaluate.reports import evaluate_probs, log_split
+from lungcal.engine.evaluate.reports import evaluate_probs, log_site_reference, log_split
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.site.certify_split import certify_check
@@ -101,6 +104,7 @@ from lungcal.engine.site.threshold import (
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text, default_output_dir
 from lungcal.tracking import (
+    ACQUISITION_ARTIFACT,
     CALIBRATOR_DIR,
     CT_EXPERIMENT,
     GUARANTEE_ARTIFACT,
@@ -167,14 +171,15 @@ def _site_labels(val: list[dict], test: list[dict], datalist: Path) -> None:
 
 
 def _screen(rows: list[dict], bag_params, qc: QCConfig | None, out_dir: Path, num_workers: int,
-            what: str) -> tuple[list[dict], list[str]]:
-    """The rows whose series pass the checks (the stage-1 run's masker), and the pseudonyms of those that fail.
+            what: str) -> tuple[list[dict], list[str], list[AcquisitionStats | None]]:
+    """The rows whose series pass the checks (the stage-1 run's masker), the pseudonyms of those that fail, and
+    the acquisition statistics of the rows kept (None each without the checks).
 
     As in training, a failing CT is left out (count and reasons printed), not scored: the test split
     then holds what inference would accept.
     """
     if qc is None:
-        return rows, []
+        return rows, [], [None] * len(rows)
     stored = BagParams.from_any(bag_params).preprocess.get("masker")  # None: the default masker
     reports = screen(rows, qc, out_dir / "cache" / "qc", masker=masker_from_config(stored) if stored else None,
                      num_workers=num_workers)
@@ -182,7 +187,8 @@ def _screen(rows: list[dict], bag_params, qc: QCConfig | None, out_dir: Path, nu
     if not kept:
         raise DataError(f"every {what} CT fails a series check", field="--datalist",
                         fix="run `lungcal qc` on the site's CTs to see why (--no-qc scores them anyway)")
-    return kept, skipped
+    kept_acq = [acq for rep, acq in zip(reports, acquisitions(reports)) if rep is None or not rep.failed]
+    return kept, skipped, kept_acq
 
 
 def _source_prior(uri: str, stage1, ref_run, explicit: float | None) -> tuple[float, str]:
@@ -259,17 +265,20 @@ def _valid_routes(model: str, datalist: Path) -> str:
                      if not r.startswith("not valid"))
 
 
-def guard_label_free(model: str, datalist: Path, rows: list[dict], *, force: bool, route: str, tracking_uri: str,
-                     out_dir: Path, qc: QCConfig | None, num_workers: int) -> dict[str, Any]:
-    """Run the site check on ``rows`` (the datalist's val and test rows) before a label-free route (module doc).
+def guard_label_free(model: str, datalist: Path, rows: list[dict] | Path, *, force: bool, route: str,
+                     tracking_uri: str, out_dir: Path, qc: QCConfig | None, num_workers: int,
+                     what: str = "val and test") -> dict[str, Any]:
+    """Run the site check on ``rows`` (the datalist's val and test rows; or a path the check reads as it is, the
+    ``--unlabelled`` CTs: ``what`` names them) before a label-free route (module doc).
 
     Returns ``{"verdict", "run", "forced"}``; raises ConfigError (exit code 2) on ``scanner_shift`` or when
     no check can run, unless ``force``.
     """
-    source = manifest_source(datalist)
-    # the rows to check, as a datalist of their own (local, beside the caches; never logged)
-    subset = save_manifest(rows, out_dir / "recalibration" / "site_check" / f"{datalist.stem}-val-test.json",
-                           source=source)
+    if isinstance(rows, Path):
+        subset = rows
+    else:  # the rows to check, as a datalist of their own (local, beside the caches; never logged)
+        subset = save_manifest(rows, out_dir / "recalibration" / "site_check" / f"{datalist.stem}-val-test.json",
+                               source=manifest_source(datalist))
     try:
         res = site_check(model, subset, tracking_uri=tracking_uri, output_dir=out_dir, qc=qc or DEFAULT_QC,
                          num_workers=num_workers, log=True)
@@ -278,7 +287,7 @@ def guard_label_free(model: str, datalist: Path, rows: list[dict], *, force: boo
             raise ConfigError(f"{route} needs a site check first, and it could not run: {exc.message.rstrip('.')}; "
                               "a prior adjustment is valid only where the images did not change, which only a site "
                               "check can show", field=route,
-                              fix=f"give the val and test splits at least {MIN_SITE_CTS} CTs that pass the series "
+                              fix=f"give the {what} CTs at least {MIN_SITE_CTS} that pass the series "
                                   f"checks, or recalibrate on the site's labels (drop {route}), or add --force to "
                                   f"run it unchecked (the run is then tagged {TAG_FORCED}={UNCHECKED})") from None
         print(f"  WARNING --force: {route} runs without a site check ({exc.message.rstrip('.')}); the run is tagged "
@@ -296,7 +305,7 @@ def guard_label_free(model: str, datalist: Path, rows: list[dict], *, force: boo
               f"under a scanner change; the run is tagged {TAG_FORCED}={SCANNER_SHIFT} (check: run {res.run_id})",
               flush=True)
         return {"verdict": res.verdict, "run": res.run_id, "forced": SCANNER_SHIFT}
-    print(f"  site check    {res.verdict} on {res.n} val and test CTs (run {res.run_id}): {route} is valid here",
+    print(f"  site check    {res.verdict} on {res.n} {what} CTs (run {res.run_id}): {route} is valid here",
           flush=True)
     return {"verdict": res.verdict, "run": res.run_id, "forced": None}
 
@@ -379,15 +388,22 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         route = "--prevalence" if prevalence is not None else "--unlabelled"
         checked = guard_label_free(str(model), datalist, val_rows + test_rows, force=force, route=route,
                                    tracking_uri=uri, out_dir=out_dir, qc=qc, num_workers=num_workers)
+        if unl_rows is not None:  # EM runs on the unlabelled CTs: they are checked themselves, not only val and test
+            unl_checked = guard_label_free(str(model), datalist, Path(unlabelled).expanduser(), force=force,
+                                           route="--unlabelled",
+                                           tracking_uri=uri, out_dir=out_dir, qc=qc, num_workers=num_workers,
+                                           what="unlabelled")
+            checked["unlabelled"] = unl_checked
+            checked["forced"] = checked["forced"] or unl_checked["forced"]
     ref_cal = reference_calibrator(uri, run) if run is not None else None
     ref_name = getattr(ref_cal, "name", None)
     site = site or site_from_rows
     cache = out_dir / "cache" / "bags"
     skipped = {}
-    val_rows, skipped["val"] = _screen(val_rows, bag_params, qc, out_dir, num_workers, "val")
-    test_rows, skipped["test"] = _screen(test_rows, bag_params, qc, out_dir, num_workers, "test")
+    val_rows, skipped["val"], val_acq = _screen(val_rows, bag_params, qc, out_dir, num_workers, "val")
+    test_rows, skipped["test"], _ = _screen(test_rows, bag_params, qc, out_dir, num_workers, "test")
     if unl_rows is not None:
-        unl_rows, skipped["unlabelled"] = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
+        unl_rows, skipped["unlabelled"], _ = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
     _site_labels(val_rows, test_rows, datalist)
     if levels is not None:  # and again once the series checks have left CTs out, before any bag is scored
         check_cancers(test_rows if cert == "test" else val_rows, *levels, datalist, kind, cert)
@@ -457,12 +473,13 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold, site_check=checked)
     if not log:
         return result
-    _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap)
+    _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap, val_acq)
     return result
 
 
 def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, datalist: Path, bag_params,
-             experiment: str, out_dir: Path, n_bins: int, n_bootstrap: int) -> None:
+             experiment: str, out_dir: Path, n_bins: int, n_bootstrap: int,
+             val_acq: Sequence[AcquisitionStats | None] = ()) -> None:
     chosen, site, stage1_name, parent = res.chosen_row, res.site, res.stage1, res.parent_run
     cal = res.calibrator
     source = manifest_source(datalist)
@@ -492,6 +509,10 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
         if res.site_check is not None:  # what predict --site reads before applying a prior adjustment
             params[SITE_CHECK_PARAM] = res.site_check["verdict"]
             params[SITE_CHECK_RUN_PARAM] = res.site_check["run"] or "none"
+            unl = res.site_check.get("unlabelled")
+            if unl is not None:  # the --unlabelled CTs' own check
+                params[f"{SITE_CHECK_PARAM}_unlabelled"] = unl["verdict"]
+                params[f"{SITE_CHECK_RUN_PARAM}_unlabelled"] = unl["run"] or "none"
         tr.log_params(params)
         tr.log_dict({**params, "cv_nll": res.cv_nll, "warnings": res.warnings}, "config/resolved.json")
         metrics = {k: v for k, v in res.priors.items() if isinstance(v, (int, float))}
@@ -513,6 +534,12 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
             log_split(tr, split, p, test["labels"], res.rows[key], n_bins=n_bins,
                       subjects=test["subjects"] if full else None, attention=test["attention"] if full else None,
                       workdir=work, title=f"{stage1_name}+{key} @ {site}")
+        # the site's calibration CTs, as a stage-1 run logs its own: they join the range predict --site flags
+        # a CT against (lungcal.engine.infer.ood.TrainingRange.joined)
+        if any(a is not None for a in val_acq):
+            tr.log_dict(summarize_acquisitions(list(val_acq)), ACQUISITION_ARTIFACT)
+        if val.get("features") is not None:
+            log_site_reference(tr, val["logits"], val["labels"], val["features"], work)
         state = atomic_write_text(work / f"{cal.name}.json", cal.to_json())
         tr.log_artifact(state, CALIBRATOR_DIR)  # calibrator_artifact(cal.name)
         if res.threshold is not None:
