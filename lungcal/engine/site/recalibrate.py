@@ -388,11 +388,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         route = "--prevalence" if prevalence is not None else "--unlabelled"
         checked = guard_label_free(str(model), datalist, val_rows + test_rows, force=force, route=route,
                                    tracking_uri=uri, out_dir=out_dir, qc=qc, num_workers=num_workers)
-        if unl_rows is not None:  # EM runs on the unlabelled CTs: they are checked themselves, not only val and test
+        if unlabelled is not None:  # EM runs on the unlabelled CTs: they are checked themselves, not only val and test
             unl_checked = guard_label_free(str(model), datalist, Path(unlabelled).expanduser(), force=force,
-                                           route="--unlabelled",
-                                           tracking_uri=uri, out_dir=out_dir, qc=qc, num_workers=num_workers,
-                                           what="unlabelled")
+                                           route="--unlabelled", tracking_uri=uri, out_dir=out_dir, qc=qc,
+                                           num_workers=num_workers, what="unlabelled")
             checked["unlabelled"] = unl_checked
             checked["forced"] = checked["forced"] or unl_checked["forced"]
     ref_cal = reference_calibrator(uri, run) if run is not None else None
