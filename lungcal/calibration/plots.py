@@ -1,5 +1,5 @@
-"""Reliability diagram with the confidence histogram beneath, and the risk-coverage curve of
-selective prediction (matplotlib, headless).
+"""Reliability diagram with the confidence histogram beneath, the risk-coverage curve of selective prediction,
+and the decision curve (matplotlib, headless).
 
 Figures are built with :class:`matplotlib.figure.Figure` and the Agg canvas directly, never via
 ``pyplot``, so they render without a display and leave no global figure state behind.
@@ -13,10 +13,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .measures.calibration_error import reliability_bins
+from .measures.decision_curve import decision_curve
 from .measures.inputs import _as_probs_labels, _confidence_correct
 from .selective import risk_coverage
 
-__all__ = ["reliability_diagram", "risk_coverage_plot"]
+__all__ = ["reliability_diagram", "risk_coverage_plot", "decision_curve_plot"]
 
 
 def reliability_diagram(probs, labels, n_bins: int = 15, mode: str = "top_label",
@@ -142,6 +143,46 @@ def risk_coverage_plot(probs, labels, score: str = "confidence", member_probs=No
     if title:
         ax.set_title(title)
     fig.subplots_adjust(left=0.14, right=0.97, top=0.92 if title else 0.97, bottom=0.12)
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi, format="png")
+    return fig
+
+
+def decision_curve_plot(probs, labels, thresholds=None, mark: float | None = None, title: str | None = None,
+                        path: str | Path | None = None, dpi: int = 120):
+    """Decision curve (:func:`..measures.decision_curve.decision_curve`): the model's net benefit against the
+    threshold probability, beside treating all and treating none; ``mark`` draws a dotted line at one
+    threshold (a site's work-up threshold) with the model's net benefit there.
+
+    Returns:
+        the :class:`matplotlib.figure.Figure` (the PNG is written to ``path`` when given).
+    """
+    curve = decision_curve(probs, labels) if thresholds is None else decision_curve(probs, labels, thresholds)
+    t = curve.thresholds
+    fig = Figure(figsize=(5.0, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(t, curve.model, color="#4C72B0", lw=1.8, label="model")
+    ax.plot(t, curve.treat_all, color="#DD8452", lw=1.2, ls="--",
+            label=f"treat all (prevalence {curve.prevalence:.2f})")
+    ax.plot(t, curve.treat_none, color="0.45", lw=1.0, ls=":", label="treat none")
+    if mark is not None:
+        at = curve.at(float(mark))
+        ax.axvline(at["threshold"], color="#DD5555", lw=1.0, ls=":")
+        ax.plot([at["threshold"]], [at["model"]], "o", color="#DD5555",
+                label=f"threshold {at['threshold']:.2f}: net benefit {at['model']:.3f}")
+    top = max(float(curve.prevalence), float(np.max(curve.model)), 0.01)
+    ax.set_xlim(float(t.min()), float(t.max()))
+    ax.set_ylim(-0.25 * top, 1.15 * top)
+    ax.set_xlabel("Threshold probability (work-up when p >= it)")
+    ax.set_ylabel("Net benefit (true positives per case)")
+    ax.grid(alpha=0.25)
+    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    if title:
+        ax.set_title(title)
+    fig.subplots_adjust(left=0.15, right=0.97, top=0.92 if title else 0.97, bottom=0.12)
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

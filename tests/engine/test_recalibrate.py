@@ -494,6 +494,19 @@ def test_miss_rate_threshold_is_chosen_on_val_only_and_its_test_numbers_are_the_
     assert stored["statement"] == oracle.statement() and stored["fit_split"] == "val"
     assert stored["n_cancers"] == int(yv.sum()) and stored["alpha"] == 0.05 and stored["delta"] == 0.1
     assert stored["test"]["sensitivity"] == pytest.approx(k / n) and stored["test"]["n_cancers"] == n
+    # the decision curve on test: its net benefit at the site's threshold, by hand, and the plot
+    fp = int(called[~y].sum())
+    t = oracle.threshold
+    assert m["test/net_benefit_at_threshold"] == pytest.approx(k / len(y) - fp / len(y) * t / (1 - t))
+    prev = y.mean()
+    assert m["test/net_benefit_treat_all_at_threshold"] == pytest.approx(prev - (1 - prev) * t / (1 - t))
+    assert "decision curve (test, net benefit) model above treat-all and treat-none" in out
+    assert f"at {t:.3f}: model {m['test/net_benefit_at_threshold']:+.3f}" in out
+    names = {f.path for f in client.list_artifacts(run.info.run_id, "plots")}
+    assert "plots/test_decision_curve.png" in names
+    curve = json.loads(Path(client.download_artifacts(run.info.run_id, "data/test_decision_curve.json",
+                                                      str(tmp_path))).read_text())
+    assert t in curve["thresholds"] and curve["n"] == len(y)
     # another test split: other test numbers, the same threshold (test is never used to choose it)
     site["fake"]["test"] = _overconfident(400, 5, 4.0, 0.4)
     res = recalibrate(site["parent"], site["datalist"], method="platt", tracking_uri=site["uri"], n_bootstrap=0,

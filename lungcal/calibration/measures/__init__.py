@@ -28,6 +28,8 @@ The modules:
 * :mod:`.scores`: :func:`brier_score`, :func:`nll`, :func:`accuracy`, :func:`auroc`;
 * :mod:`.clinical` (binary tasks, on p(y=1)): :func:`calibration_slope_intercept`, :func:`oe_ratio`
   (Van Calster et al. 2019);
+* :mod:`.decision_curve` (binary tasks, on p(y=1)): :func:`decision_curve`, :func:`net_benefit` (Vickers and
+  Elkin 2006): the net benefit of a work-up threshold beside treating all and none;
 * :mod:`.bootstrap`: :func:`calibration_report`, every measure with a percentile-bootstrap CI, its
   replicates vectorised; :data:`REPORT_METRICS`, :data:`BINARY_REPORT_METRICS`;
 * :mod:`.significance`: :func:`ece_consistency_pvalue` (is a model miscalibrated on these data?) and
@@ -38,11 +40,13 @@ The modules:
 from lungcal.calibration.measures.bootstrap import BINARY_REPORT_METRICS, REPORT_METRICS, calibration_report
 from lungcal.calibration.measures.calibration_error import adaptive_ece, classwise_ece, ece, mce, reliability_bins
 from lungcal.calibration.measures.clinical import LOGIT_EPS, calibration_slope_intercept, oe_ratio
+from lungcal.calibration.measures.decision_curve import DecisionCurve, decision_curve, net_benefit
 from lungcal.calibration.measures.scores import accuracy, auroc, brier_score, nll
 from lungcal.calibration.measures.significance import ece_consistency_pvalue, paired_bootstrap_diff
 
 __all__ = [
     "ece", "mce", "adaptive_ece", "classwise_ece", "brier_score", "nll", "accuracy", "auroc", "reliability_bins",
     "calibration_slope_intercept", "oe_ratio", "calibration_report", "paired_bootstrap_diff",
-    "ece_consistency_pvalue", "REPORT_METRICS", "BINARY_REPORT_METRICS", "LOGIT_EPS",
+    "ece_consistency_pvalue", "REPORT_METRICS", "BINARY_REPORT_METRICS", "LOGIT_EPS", "decision_curve",
+    "net_benefit", "DecisionCurve",
 ]

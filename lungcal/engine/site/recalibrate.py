@@ -68,7 +68,9 @@ from typing import Any
 
 import numpy as np
 
+from lungcal.calibration.measures.decision_curve import DEFAULT_THRESHOLDS, DecisionCurve, decision_curve
 from lungcal.calibration.metrics import ece_consistency_pvalue
+from lungcal.calibration.plots import decision_curve_plot
 from lungcal.calibration.prior import PRIOR, PriorAdjusted, adjust_to_prior, check_prior, estimate_prior_em
 from lungcal.calibration.scaling import (
     CALIBRATORS,
@@ -120,6 +122,7 @@ from lungcal.tracking import (
     default_tracking_uri,
     file_digest,
     linked_calibrator_run,
+    plot_artifact,
 )
 
 __all__ = ["METHODS", "AUTO_CANDIDATES", "Recalibration", "recalibrate", "format_summary", "check_prevalence",
@@ -257,6 +260,16 @@ class Recalibration:
     #: the site check of a label-free route (:func:`guard_label_free`): ``verdict`` (or ``unchecked``),
     #: ``run`` (its MLflow run id or None), ``forced`` (the overridden verdict, or None); None without one
     site_check: dict[str, Any] | None = None
+    #: the chosen calibrator's decision curve on the test split (net benefit against treating all and none)
+    decision: DecisionCurve | None = None
+
+
+def _curve_grid(mark: float | None) -> list[float]:
+    """The decision curve's threshold probabilities: 1-50 %, and the site's threshold when it has one."""
+    grid = set(DEFAULT_THRESHOLDS)
+    if mark is not None and 0.0 < mark < 1.0:
+        grid.add(float(mark))
+    return sorted(grid)
 
 
 def _valid_routes(model: str, datalist: Path) -> str:
@@ -469,7 +482,9 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         reference=rows.get(shipped_key) if shipped_key != "uncalibrated" else None, after=rows[chosen_row],
         temperature=temp, reference_temperature=ref_temp, parent_run=parent, stage1=stage1_name, site=site,
         n_val=len(val_rows), n_test=len(test_rows), tracking_uri=uri,
-        qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold, site_check=checked)
+        qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold, site_check=checked,
+        decision=decision_curve(probs[chosen_row], np.asarray(test["labels"]),
+                                _curve_grid(None if threshold is None else threshold.guarantee.threshold)))
     if not log:
         return result
     _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap, val_acq)
@@ -539,6 +554,16 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
             tr.log_dict(summarize_acquisitions(list(val_acq)), ACQUISITION_ARTIFACT)
         if val.get("features") is not None:
             log_site_reference(tr, val["logits"], val["labels"], val["features"], work)
+        if res.decision is not None:  # the test split's decision curve, marked at the site's threshold
+            mark = res.threshold.guarantee.threshold if res.threshold is not None else None
+            fig = decision_curve_plot(probs[chosen], test["labels"], mark=mark,
+                                      title=f"{stage1_name}+{chosen} @ {site}: decision curve (test)")
+            tr.log_figure(fig, plot_artifact("test", "decision_curve"))
+            tr.log_dict(res.decision.as_dict(), "data/test_decision_curve.json")
+            if mark is not None and 0.0 < mark < 1.0:
+                at = res.decision.at(mark)
+                tr.log_metrics({"test/net_benefit_at_threshold": at["model"],
+                                "test/net_benefit_treat_all_at_threshold": at["treat_all"]})
         state = atomic_write_text(work / f"{cal.name}.json", cal.to_json())
         tr.log_artifact(state, CALIBRATOR_DIR)  # calibrator_artifact(cal.name)
         if res.threshold is not None:

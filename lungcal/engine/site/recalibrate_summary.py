@@ -76,6 +76,32 @@ def prior_hint(res: Recalibration) -> str | None:
             "(decide by the check's verdict, not by the test rows above)")
 
 
+def _intervals(t, mask) -> str:
+    """``"0.02-0.18, 0.30"``: the runs of thresholds where ``mask`` holds."""
+    runs, start = [], None
+    for i, ok in enumerate(list(mask) + [False]):
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            a, b = t[start], t[i - 1]
+            runs.append(f"{a:.2f}" if start == i - 1 else f"{a:.2f}-{b:.2f}")
+            start = None
+    return ", ".join(runs)
+
+
+def decision_line(res: Recalibration) -> str:
+    """Where the chosen calibrator's test decision curve beats treating all and none, and its net benefit at the
+    site's threshold (else at 0.05 and 0.10)."""
+    c = res.decision
+    assert c is not None
+    where = _intervals(c.thresholds, c.useful())
+    marks = [res.threshold.guarantee.threshold] if res.threshold is not None else [0.05, 0.10]
+    at = "; ".join(f"at {a['threshold']:.3f}: model {a['model']:+.3f}, treat all {a['treat_all']:+.3f}"
+                   for a in (c.at(m) for m in marks))
+    return (f"  decision curve (test, net benefit) model above treat-all and treat-none at threshold "
+            f"probabilities {where or 'none of 0.01-0.50'}; {at}")
+
+
 def format_summary(res: Recalibration) -> str:
     """Every row's test ECE, calibration slope / intercept, O/E, AUC and ACC with 95% CIs, its ECE
     consistency p-value, the chosen calibrator (``*``), and the warnings."""
@@ -118,6 +144,8 @@ def format_summary(res: Recalibration) -> str:
                  "the ECE (small = miscalibrated on this site)")
     if res.threshold is not None:
         lines.extend(threshold_lines(res.threshold, res.site))
+    if res.decision is not None:
+        lines.append(decision_line(res))
     for name, flags in (res.warnings or {}).items():
         note = " -> the chosen calibrator is NO SIGNAL, not a result" if name == chosen else ""
         lines.append(f"  WARNING {name}: {'; '.join(flags)}{note}")
