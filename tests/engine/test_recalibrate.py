@@ -507,6 +507,13 @@ def test_miss_rate_threshold_is_chosen_on_val_only_and_its_test_numbers_are_the_
     curve = json.loads(Path(client.download_artifacts(run.info.run_id, "data/test_decision_curve.json",
                                                       str(tmp_path))).read_text())
     assert t in curve["thresholds"] and curve["n"] == len(y)
+    # by subgroup (the fixture's rows name no scanner and have no annotations: one group each, the whole split)
+    assert "by subgroup   on the test split" in out
+    sub = json.loads(Path(client.download_artifacts(run.info.run_id, "data/test_subgroups.json",
+                                                    str(tmp_path))).read_text())
+    whole = [r for r in sub["rows"] if r["grouping"] == "scanner"]
+    assert [r["group"] for r in whole] == ["unknown"] and whole[0]["n"] == len(y)
+    assert whole[0]["sensitivity"] == pytest.approx(k / n) and whole[0]["work_up_rate"] == pytest.approx(called.mean())
     # another test split: other test numbers, the same threshold (test is never used to choose it)
     site["fake"]["test"] = _overconfident(400, 5, 4.0, 0.4)
     res = recalibrate(site["parent"], site["datalist"], method="platt", tracking_uri=site["uri"], n_bootstrap=0,

@@ -96,6 +96,7 @@ from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.site.certify_split import certify_check
 from lungcal.engine.site.recalibrate_summary import format_summary
 from lungcal.engine.site.site_check import MIN_SITE_CTS, ROUTES, SCANNER_SHIFT, site_check
+from lungcal.engine.site.subgroups import ct_groups, subgroup_rows
 from lungcal.engine.site.threshold import (
     SiteThreshold,
     check_cancers,
@@ -262,6 +263,19 @@ class Recalibration:
     site_check: dict[str, Any] | None = None
     #: the chosen calibrator's decision curve on the test split (net benefit against treating all and none)
     decision: DecisionCurve | None = None
+    #: with a threshold: work-up rate, sensitivity and O/E on the test split by scanner, nodule type and size
+    #: (:mod:`lungcal.engine.site.subgroups`)
+    subgroups: list[dict[str, Any]] | None = None
+
+
+def _test_groups(test: Mapping[str, Any], rows: list[dict], datalist: Path) -> dict[str, list[str]]:
+    """The subgroups of the scored test CTs (the rows :func:`score_rows` scored, in its order); one ``unknown``
+    group when the scores carry no rows to match (a scorer that returns none)."""
+    scored = test.get("rows") or rows
+    n = len(test["labels"])
+    if len(scored) != n:
+        return {"scanner": ["unknown"] * n, "nodule type": ["unknown"] * n, "nodule size": ["unknown"] * n}
+    return ct_groups(scored, datalist)
 
 
 def _curve_grid(mark: float | None) -> list[float]:
@@ -484,7 +498,10 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
         n_val=len(val_rows), n_test=len(test_rows), tracking_uri=uri,
         qc_skipped={k: len(v) for k, v in skipped.items()}, threshold=threshold, site_check=checked,
         decision=decision_curve(probs[chosen_row], np.asarray(test["labels"]),
-                                _curve_grid(None if threshold is None else threshold.guarantee.threshold)))
+                                _curve_grid(None if threshold is None else threshold.guarantee.threshold)),
+        subgroups=None if threshold is None else subgroup_rows(
+            probs[chosen_row][:, 1], np.asarray(test["labels"]), _test_groups(test, test_rows, datalist),
+            threshold.guarantee.threshold, n_bootstrap=n_bootstrap, seed=seed))
     if not log:
         return result
     _log_run(result, probs, test, val, datalist, bag_params, experiment, out_dir, n_bins, n_bootstrap, val_acq)
@@ -554,6 +571,9 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
             tr.log_dict(summarize_acquisitions(list(val_acq)), ACQUISITION_ARTIFACT)
         if val.get("features") is not None:
             log_site_reference(tr, val["logits"], val["labels"], val["features"], work)
+        if res.subgroups is not None:
+            tr.log_dict({"split": "test", "threshold": res.threshold.guarantee.threshold if res.threshold else None,
+                         "rows": res.subgroups}, "data/test_subgroups.json")
         if res.decision is not None:  # the test split's decision curve, marked at the site's threshold
             mark = res.threshold.guarantee.threshold if res.threshold is not None else None
             fig = decision_curve_plot(probs[chosen], test["labels"], mark=mark,

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lungcal.engine.site.site_check import PREVALENCE_SHIFT
+from lungcal.engine.site.subgroups import subgroup_text
 from lungcal.tracking.ui import open_with_lines
 from lungcal.workflow import with_ci
 
@@ -146,6 +147,9 @@ def format_summary(res: Recalibration) -> str:
         lines.extend(threshold_lines(res.threshold, res.site))
     if res.decision is not None:
         lines.append(decision_line(res))
+    if res.subgroups and res.threshold is not None:
+        split = "test" if res.threshold.fit_split == "val" else "test (the certify split)"
+        lines.extend(subgroup_text(res.subgroups, split, res.threshold.guarantee.threshold))
     for name, flags in (res.warnings or {}).items():
         note = " -> the chosen calibrator is NO SIGNAL, not a result" if name == chosen else ""
         lines.append(f"  WARNING {name}: {'; '.join(flags)}{note}")
