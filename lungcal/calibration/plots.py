@@ -138,16 +138,7 @@ def risk_coverage_plot(probs, labels, score: str = "confidence", member_probs=No
     ax.set_ylim(0, max(float(risk.max()) * 1.1, 0.05))
     ax.set_xlabel("Coverage (share of cases kept)")
     ax.set_ylabel("Risk (error rate on kept cases)")
-    ax.grid(alpha=0.25)
-    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
-    if title:
-        ax.set_title(title)
-    fig.subplots_adjust(left=0.14, right=0.97, top=0.92 if title else 0.97, bottom=0.12)
-    if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi, format="png")
-    return fig
+    return _finish(fig, ax, "upper left", title, path, dpi, left=0.14)
 
 
 def decision_curve_plot(probs, labels, thresholds=None, mark: float | None = None, title: str | None = None,
@@ -178,11 +169,16 @@ def decision_curve_plot(probs, labels, thresholds=None, mark: float | None = Non
     ax.set_ylim(-0.25 * top, 1.15 * top)
     ax.set_xlabel("Threshold probability (work-up when p >= it)")
     ax.set_ylabel("Net benefit (true positives per case)")
+    return _finish(fig, ax, "upper right", title, path, dpi, left=0.15)
+
+
+def _finish(fig, ax, legend: str, title: str | None, path: str | Path | None, dpi: int, left: float):
+    """The one-panel curves' grid, legend, title and margins; the PNG written to ``path`` when given."""
     ax.grid(alpha=0.25)
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+    ax.legend(loc=legend, fontsize=8, framealpha=0.9)
     if title:
         ax.set_title(title)
-    fig.subplots_adjust(left=0.15, right=0.97, top=0.92 if title else 0.97, bottom=0.12)
+    fig.subplots_adjust(left=left, right=0.97, top=0.92 if title else 0.97, bottom=0.12)
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
