@@ -45,14 +45,23 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 from sklearn.decomposition import PCA
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
 from sklearn.metrics.pairwise import euclidean_distances
+from sklearn.model_selection import StratifiedKFold
 from sklearn.neighbors import NearestNeighbors
 
 from lungcal.errors import DataError
 
 __all__ = ["ShiftTest", "ks_statistic", "ks_permutation_test", "mmd_permutation_test", "two_sample_test",
            "reduce_features", "bbse_prevalence", "prevalence_interval", "matched_reference", "label_shift_test",
-           "range_test", "merge_pvalues", "EmbeddingRange"]
+           "range_test", "merge_pvalues", "EmbeddingRange", "DomainEffect", "domain_effect", "EFFECT_AUC",
+           "minimum_detectable_auc"]
+
+#: the domain classifier's AUC at and above which a site differs from the reference by more than a trifle
+#: (0.5: indistinguishable; 0.6: a linear read of the embeddings tells a site case from a reference case
+#: 60 % of the time, pairwise)
+EFFECT_AUC = 0.6
 
 
 @dataclass(frozen=True)
@@ -334,3 +343,81 @@ class EmbeddingRange:
     def outside(self, cases: np.ndarray) -> np.ndarray:
         """True for each case beyond :attr:`threshold`."""
         return self.distance(cases) > self.threshold
+
+
+@dataclass(frozen=True)
+class DomainEffect:
+    """How far a site's embeddings are from the reference's, as the AUC of a cross-validated classifier that
+    tells them apart (0.5: not at all), with its 95 % CI, and the smallest AUC these numbers of cases
+    could have shown (``mde``: one-sided level ``alpha``, power 0.8, the Hanley-McNeil variance under no
+    difference)."""
+
+    auc: float
+    ci: tuple[float, float]
+    mde: float
+    n_site: int
+    n_reference: int
+    threshold: float = EFFECT_AUC
+
+    @property
+    def large(self) -> bool:
+        """The point estimate reaches :data:`EFFECT_AUC` (a difference worth acting on, not only a significant one)."""
+        return math.isfinite(self.auc) and self.auc >= self.threshold
+
+    def as_dict(self) -> dict[str, float | int | bool | list[float]]:
+        return {"auc": self.auc, "ci": list(self.ci), "mde": self.mde, "n_site": self.n_site,
+                "n_reference": self.n_reference, "threshold": self.threshold, "large": self.large}
+
+
+def minimum_detectable_auc(n_site: int, n_reference: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest AUC above 0.5 a one-sided test at ``alpha`` detects with ``power``, for these sample sizes
+    (the AUC's standard error under no difference, ``sqrt((n1 + n2 + 1) / (12 n1 n2))``; Hanley and McNeil 1982)."""
+    if n_site < 1 or n_reference < 1:
+        return math.nan
+    se = math.sqrt((n_site + n_reference + 1) / (12.0 * n_site * n_reference))
+    return min(1.0, 0.5 + (stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) * se)
+
+
+def _hanley_mcneil_ci(auc: float, n_pos: int, n_neg: int, level: float = 0.95) -> tuple[float, float]:
+    """A normal CI of an AUC from the Hanley-McNeil (1982) standard error (clipped to [0, 1])."""
+    q1, q2 = auc / (2 - auc), 2 * auc**2 / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc**2) + (n_neg - 1) * (q2 - auc**2)) / (n_pos * n_neg)
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    half = z * math.sqrt(max(var, 0.0))
+    return max(0.0, auc - half), min(1.0, auc + half)
+
+
+def domain_effect(source_features: ArrayLike, target_features: ArrayLike, *, source_weights: ArrayLike | None = None,
+                  folds: int = 5, alpha: float = 0.05, seed: int = 0) -> DomainEffect:
+    """The effect size of a site's difference (:class:`DomainEffect`): a logistic regression on the two samples'
+    leading principal components (:func:`reduce_features`) and their squares, each case scored out of fold
+    (``folds``-fold, stratified), and the AUC of those scores, with a 95 % CI from the Hanley-McNeil standard
+    error.
+
+    ``source_weights`` (one per reference case, e.g. the prevalence ratio of each case's class) re-weight the
+    reference in the fit and in the AUC, so that a change of prevalence alone is not counted as a difference
+    (as the re-weighted tests of :func:`label_shift_test` do).
+
+    References:
+        Hanley, McNeil. "The meaning and use of the area under a receiver operating characteristic (ROC)
+        curve." Radiology 143, 29-36 (1982). https://doi.org/10.1148/radiology.143.1.7063747
+        Lipton, Wang, Smola. "Detecting and correcting for label shift with black box predictors." ICML 2018
+        (the re-weighting by class).
+    """
+    a, b = reduce_features(np.asarray(source_features, float), np.asarray(target_features, float))
+    n_s, n_t = len(a), len(b)
+    k = int(min(folds, n_s, n_t))
+    if k < 2:
+        raise DataError(f"an effect size needs at least 2 cases on each side (got {n_s} and {n_t})", field="features")
+    x = np.concatenate([a, b])
+    x = np.concatenate([x, x**2], axis=1)  # the squares see a change of spread (a noisier scanner), not only of mean
+    y = np.concatenate([np.zeros(n_s, int), np.ones(n_t, int)])
+    w = np.concatenate([np.ones(n_s) if source_weights is None else np.asarray(source_weights, float),
+                        np.ones(n_t)])
+    scores = np.empty(len(y))
+    for train, test in StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(x, y):
+        clf = LogisticRegression(max_iter=1000).fit(x[train], y[train], sample_weight=w[train])
+        scores[test] = clf.decision_function(x[test])
+    auc = float(roc_auc_score(y, scores, sample_weight=w))
+    return DomainEffect(auc, _hanley_mcneil_ci(auc, n_t, n_s), float(minimum_detectable_auc(n_t, n_s, alpha)),
+                        n_t, n_s)

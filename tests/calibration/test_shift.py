@@ -11,13 +11,16 @@ import pytest
 from scipy import stats
 
 from lungcal.calibration.shift import (
+    EFFECT_AUC,
     EmbeddingRange,
     bbse_prevalence,
+    domain_effect,
     ks_permutation_test,
     ks_statistic,
     label_shift_test,
     matched_reference,
     merge_pvalues,
+    minimum_detectable_auc,
     mmd_permutation_test,
     prevalence_interval,
     range_test,
@@ -152,3 +155,25 @@ def test_the_embedding_range_flags_about_1_minus_its_quantile_of_new_cases_and_m
     assert er.outside(rng.normal(size=(4000, 24))).mean() <= 0.03  # held-out calibration, not in-sample
     assert er.outside(rng.normal(size=(500, 24)) * 2.0).mean() > 0.5
     assert er.distance(ref[:3]).shape == (3,)
+
+
+def test_the_domain_effect_is_small_on_a_same_scanner_site_large_on_a_shifted_one_and_ignores_prevalence():
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(300, 16))
+    same = domain_effect(ref, rng.normal(size=(80, 16)))
+    assert same.ci[0] <= 0.5 <= same.ci[1] and not same.large
+    shifted = domain_effect(ref, rng.normal(size=(80, 16)) + np.r_[1.2, np.zeros(15)])
+    assert shifted.ci[0] > 0.5 and shifted.large and shifted.auc >= EFFECT_AUC
+    # the smallest AUC these n could show, by hand (one-sided 5 %, power 0.8, Hanley-McNeil SE at 0.5)
+    se = np.sqrt((80 + 300 + 1) / (12 * 80 * 300))
+    assert same.mde == pytest.approx(0.5 + (1.6448536 + 0.8416212) * se, rel=1e-6)
+    assert minimum_detectable_auc(1000, 1000) < same.mde  # more CTs, smaller differences visible
+    # a change of prevalence alone: the classes sit apart in the embedding; the site has three times the cancers
+    y = (rng.random(600) < 0.2).astype(int)
+    ref_mix = rng.normal(size=(600, 8)) + 2.0 * y[:, None] * np.r_[1.0, np.zeros(7)]
+    y_site = (rng.random(200) < 0.6).astype(int)
+    site = rng.normal(size=(200, 8)) + 2.0 * y_site[:, None] * np.r_[1.0, np.zeros(7)]
+    plain = domain_effect(ref_mix, site)
+    w = np.where(y == 1, 0.6 / y.mean(), 0.4 / (1 - y.mean()))
+    weighted = domain_effect(ref_mix, site, source_weights=w)
+    assert plain.large and weighted.ci[0] <= 0.5 + 0.05 and weighted.auc < plain.auc - 0.1

@@ -70,6 +70,15 @@ def test_a_same_scanner_site_is_comparable(source):
     found = _verdict(source, 1)
     assert found["verdict"] == COMPARABLE, found["reasons"]
     assert found["source_prevalence"] == pytest.approx(source["ref"].labels.mean())
+    e = found["effect"]  # the size beside the p-values: small, and what this n could have shown
+    assert not e["large"] and e["ci"][0] <= 0.5 <= e["ci"][1] and 0.5 < e["mde"] < 0.7
+
+
+def test_the_effect_size_is_large_on_a_shifted_site_and_not_on_a_prevalence_only_one(source):
+    shifted = _verdict(source, 3, prevalence=0.1, noise=1.4, noise_hu=30.0)["effect"]
+    assert shifted["large"] and shifted["ci"][0] > 0.5
+    prevalence_only = _verdict(source, 2, prevalence=0.1)["effect"]  # re-weighted to the site's prevalence
+    assert not prevalence_only["large"]
 
 
 def test_a_prevalence_only_site_is_a_prevalence_shift_not_a_scanner_change(source):
@@ -166,6 +175,7 @@ def test_the_command_prints_the_verdict_and_routes_writes_the_json_and_logs_a_ta
     printed = capsys.readouterr().out
     assert "verdict       scanner_shift" in printed
     assert "not valid here: --prevalence, --unlabelled" in printed
+    assert "effect size   domain AUC" in printed and ": large" in printed
     doc = json.loads(out_json.read_text())
     assert doc["verdict"] == SCANNER_SHIFT and doc["n"] == 100 and doc["n_reference"] == 300
     assert {"outputs_any_change", "outputs_beyond_prevalence", "embeddings_beyond_prevalence"} <= set(doc["tests"])
@@ -188,7 +198,9 @@ def test_the_command_prints_the_verdict_and_routes_writes_the_json_and_logs_a_ta
 def test_a_same_scanner_site_is_comparable_through_the_command(site, capsys):
     dl = site["make"](80, seed=8)
     assert _cli(site, dl) == 0
-    assert "verdict       comparable" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "verdict       comparable" in printed
+    assert "could show    a domain AUC of" in printed and "may hide behind 'comparable'" in printed
 
 
 def test_a_site_too_small_to_tell_is_one_line_naming_the_minimum_and_exit_2(site, capsys):

@@ -24,6 +24,14 @@ re-weighted tests):
   interval excluding the model's own): a prior adjustment is valid;
 - ``comparable``: no difference this many CTs can show.
 
+**The size beside the p-values.** With embeddings on both sides, the report gives the AUC of a cross-validated
+logistic regression that tells the site's embeddings from the reference's (on their leading principal components
+and their squares, the reference re-weighted to the site's estimated prevalence;
+:func:`lungcal.calibration.shift.domain_effect`), with its 95 % CI: 0.5 when they cannot be told apart, large from
+:data:`lungcal.calibration.shift.EFFECT_AUC` (0.6). Beside ``comparable`` it prints the smallest AUC the site's n
+could have shown with 80 % power, so that "no difference shown" is read with its size. The verdict itself still
+follows the tests; a significant change whose size is small is marked as such in the report.
+
 Each CT is also placed against the training data (acquisition outside everything training held; embedding
 beyond the 99th percentile of the validation cases' nearest-neighbour distances): the per-CT part that
 ``lungcal predict`` uses. The check is logged as an MLflow run (tag ``lungcal.site_check`` = the verdict)
@@ -47,6 +55,7 @@ from lungcal.calibration.shift import (
     EmbeddingRange,
     ShiftTest,
     bbse_prevalence,
+    domain_effect,
     ks_permutation_test,
     label_shift_test,
     prevalence_interval,
@@ -162,12 +171,15 @@ class SiteCheck:
     json_path: str | None = None
     #: the datalist checked, printed in the routes (never logged: paths stay out of MLflow)
     site_path: str | None = None
+    #: the effect size (:func:`lungcal.calibration.shift.domain_effect`: ``auc``, ``ci``, ``mde``, ``threshold``,
+    #: ``large``); None without embeddings
+    effect: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in ("verdict", "alpha", "n", "n_reference", "source_prevalence",
                                              "prevalence", "prevalence_ci", "tests", "acquisition", "reasons",
                                              "routes", "site", "model", "qc_skipped", "reference_source",
-                                             "acquisition_source", "run_id", "per_ct")}
+                                             "acquisition_source", "run_id", "per_ct", "effect")}
         out["prevalence_ci"] = list(self.prevalence_ci)
         out["n_flagged"] = sum(1 for c in self.per_ct if c["flagged"])
         return json_ready(out)
@@ -240,6 +252,13 @@ def assess(reference: Reference, scores: np.ndarray, features: np.ndarray | None
         tests["embeddings_beyond_prevalence"] = label_shift_test(
             s_ref, y_ref, scores, prevalence=q if math.isfinite(q) else None, n_subsamples=n_subsamples,
             n_resamples=n_resamples, seed=seed, source_features=a, target_features=b)
+    effect = None
+    if features is not None and reference.features is not None and len(features) >= 2:
+        # the size beside the p-values: how well the embeddings tell the site from the reference, the reference
+        # re-weighted to the site's estimated prevalence (a change of prevalence alone is no difference)
+        qq = q if math.isfinite(q) else source_q
+        w = np.where(y_ref == 1, qq / max(source_q, 1e-9), (1 - qq) / max(1 - source_q, 1e-9))
+        effect = domain_effect(reference.features, features, source_weights=w, alpha=alpha, seed=seed)
     reasons = []
     for name, t in tests.items():
         if name.endswith("beyond_prevalence") and t.pvalue < level:
@@ -266,7 +285,8 @@ def assess(reference: Reference, scores: np.ndarray, features: np.ndarray | None
             verdict = COMPARABLE
     return {"verdict": verdict, "reasons": reasons, "tests": {k: {**t.as_dict(), "level": (
         level if k.endswith("beyond_prevalence") else alpha)} for k, t in tests.items()},
-            "prevalence": q, "prevalence_ci": q_ci, "source_prevalence": source_q, "level": level}
+            "prevalence": q, "prevalence_ci": q_ci, "source_prevalence": source_q, "level": level,
+            "effect": None if effect is None else effect.as_dict()}
 
 
 def per_ct(subjects: Sequence[str], stats: Sequence[AcquisitionStats | None], summary: Mapping[str, Any] | None,
@@ -402,7 +422,8 @@ def site_check(run: str, path: str | Path, *, tracking_uri: str | None = None, o
                     site=site, model=model, qc_skipped=len(skipped), reference_source=ref.source,
                     acquisition_source="the run's training split (data/acquisition.json)" if summary is not None
                     else "none: the run logged no acquisition summary, only the model's outputs were compared",
-                    tracking_uri=uri, site_path=str(path) if path.suffix == ".json" else None)
+                    tracking_uri=uri, site_path=str(path) if path.suffix == ".json" else None,
+                    effect=found.get("effect"))
     target = Path(json_path).expanduser() if json_path is not None else None
     if target is not None:
         res.json_path = str(target)
@@ -434,6 +455,10 @@ def _log_run(res: SiteCheck, ref: Reference, scores: np.ndarray, stats: Sequence
         for k, a in res.acquisition.items():
             metrics[f"site_check/{k}_outside"] = a["outside"]
             metrics[f"site_check/{k}_p"] = a["pvalue"]
+        if res.effect is not None:
+            metrics.update({"site_check/domain_auc": res.effect["auc"], "site_check/domain_auc_ci_low":
+                            res.effect["ci"][0], "site_check/domain_auc_ci_high": res.effect["ci"][1],
+                            "site_check/domain_auc_mde": res.effect["mde"]})
         tr.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))})
         res.run_id = tr.run_id
         tr.log_dict(res.as_dict(), SITE_CHECK_ARTIFACT)
@@ -473,6 +498,24 @@ def site_check_figure(res: SiteCheck, ref: Reference, scores: np.ndarray, stats:
     return fig
 
 
+def effect_lines(res: SiteCheck) -> list[str]:
+    """The effect size beside the p-values: the domain classifier's AUC with its CI, the threshold it is read
+    against, and the smallest AUC this site's n could have shown (what ``comparable`` can and cannot rule out)."""
+    e = res.effect
+    if e is None:
+        return ["  effect size   not measured: no embeddings on one side"]
+    size = "large" if e["large"] else "small"
+    out = [f"  effect size   domain AUC {e['auc']:.3f} [{e['ci'][0]:.3f}, {e['ci'][1]:.3f}] (0.5: the site's "
+           f"embeddings cannot be told from the reference's; >= {e['threshold']:.2f} counts as large): {size}"]
+    if res.verdict == COMPARABLE:
+        out.append(f"  could show    a domain AUC of {e['mde']:.3f} or more with 80% power at these n ({res.n} site, "
+                   f"{res.n_reference} reference); a smaller difference may hide behind 'comparable'")
+    elif res.verdict == SCANNER_SHIFT and not e["large"] and not any(
+            k in r for r in res.reasons for k in ACQUISITION_FIELDS):
+        out.append("  note          significant but small: the outputs differ by less than the stated size")
+    return out
+
+
 def format_report(res: SiteCheck) -> str:
     """The printed report: the verdict, why, the statistics, the valid routes, and where it is stored."""
     lines = [f"== site check: {res.site} against model {res.model} =="]
@@ -491,6 +534,7 @@ def format_report(res: SiteCheck) -> str:
                      f"  site median {a['site_median']:.3g}  p {a['pvalue']:.3g}")
     if not res.acquisition:
         lines.append(f"  acquisition   {res.acquisition_source}")
+    lines.extend(effect_lines(res))
     flagged = sum(1 for c in res.per_ct if c["flagged"])
     lines.append(f"  per CT        {flagged} of {res.n} outside the training data (acquisition or embedding)")
     for route in res.routes:
