@@ -65,7 +65,7 @@ from lungcal.engine.evaluate.calibrators import (
 )
 from lungcal.engine.evaluate.cases import ReferralRule, answer_line, case_record
 from lungcal.engine.evaluate.pictures import gallery_selection, write_pictures
-from lungcal.engine.infer.ood import TrainingRange, demo_notice
+from lungcal.engine.infer.ood import TrainingRange, batch_check, batch_lines, demo_notice
 from lungcal.engine.infer.scoring import score_rows, write_outputs
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.model.predict import predict
@@ -326,6 +326,9 @@ class InferenceRun:
                 feats = None if feats is None else np.asarray(feats).reshape(len(rows), -1)
                 oods = [training.block(None if rep is None else rep.acquisition, None if feats is None else feats[i])
                         for i, rep in enumerate(reports)]
+                batch = None if site_run is None else batch_check(
+                    self.tracking_uri, site_run, str(self.site), np.asarray(scores["logits"]), feats,
+                    [None if rep is None else rep.acquisition for rep in reports])
                 cases = [case_record(scores, i, rule, calibrator=cal_name, top_k=self.top_k, model=model,
                                      qc=reports[i], decision=decision, ood=oods[i], notice=notice)
                          for i in range(len(rows))]
@@ -348,6 +351,8 @@ class InferenceRun:
                 if rule.threshold is not None:
                     metrics["referral_threshold"] = rule.threshold
                 metrics["n_outside_training"] = sum(bool(o["flagged"]) for o in oods)
+                if batch is not None:
+                    tracker.set_tags({"lungcal.site_check_new_cts": batch["verdict"] or "not_run"})
                 if decision is not None:
                     metrics.update(n_work_up=sum(bool(c["decision"]["positive"]) for c in cases),
                                    n_not_covered=sum(not c["decision"]["covered"] for c in cases),
@@ -367,6 +372,7 @@ class InferenceRun:
                          + f"; calibrator {cal!r}; {rule.describe()}",
                          *([f"  decision at site {self.site}: {decision.statement()}"] if decision else []),
                          *self._ood_lines(oods),
+                         *batch_lines(batch, self.site),
                          *([f"  {prior_warning}"] if prior_warning else []),
                          *([f"  NOTE: {notice}"] if notice else []),
                          f"  written to {self.output} (cases/<pseudonym>.json + .png, predictions.csv)",
@@ -375,7 +381,7 @@ class InferenceRun:
         result = {"output": str(self.output), "temperature": temp, "calibrator": cal_name,
                   "probabilities": scores["probs"][:, 1].tolist(), "cases": cases, "run_id": run_id,
                   "key": str(key), "referral": rule.as_dict(),
-                  "decision": None if decision is None else decision.as_dict(),
+                  "decision": None if decision is None else decision.as_dict(), "site_check_new_cts": batch,
                   "refused": {names[i]: why for i, why in refused.items()}, "skipped": list(found.skipped)}
         if refused:
             first = next(iter(refused))

@@ -15,7 +15,9 @@ After a site's labelled recalibration (``lungcal recalibrate``), the site's own 
 reference: ``predict --site`` widens the acquisition range by theirs and fits the embedding range on the
 validation cases and theirs together (:meth:`TrainingRange.joined`; the recalibration run logs both as the
 stage-1 run does). Without that, every CT of a site of another scanner stays outside the training range after
-the site was recalibrated for it, and every one would be referred.
+the site was recalibrated for it, and every one would be referred. The new CTs of one call are also checked as a
+whole against those calibration CTs (:func:`batch_check`, the site check's statistics), so that a scanner change
+since the recalibration is seen, not only the verdict stored then.
 
 Either makes the CT *flagged*: its record's ``out_of_distribution`` block says why, and it is referred
 (:data:`lungcal.engine.evaluate.cases.OOD_REASON`). What could not be checked (a checkpoint instead of a run,
@@ -29,7 +31,7 @@ says so on every answer (:func:`demo_notice`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,11 +40,12 @@ import numpy as np
 from lungcal.calibration.shift import EmbeddingRange
 from lungcal.ct.acquisition import AcquisitionStats, join_summaries, outside_training
 from lungcal.engine.evaluate.cases import DEMO_NOTICE, OOD_REASON
-from lungcal.engine.evaluate.reports import flat_features
+from lungcal.engine.evaluate.reports import binary_scores, flat_features
+from lungcal.engine.evaluate.site_assessment import MIN_SITE_CTS, SCANNER_SHIFT, Reference, acquisition_checks, assess
 from lungcal.errors import DataError
 from lungcal.tracking import TAG_DATASET, run_acquisition_summary, run_site_reference
 
-__all__ = ["SYNTHETIC_DATASET", "TrainingRange", "demo_notice"]
+__all__ = ["SYNTHETIC_DATASET", "TrainingRange", "demo_notice", "batch_check", "batch_lines"]
 
 #: the ``lungcal.dataset`` tag of a model trained on the synthetic demo cohort
 SYNTHETIC_DATASET = "synthetic"
@@ -165,3 +168,47 @@ class TrainingRange:
         if not any(checked.values()):
             out["note"] = "the check was not possible: " + "; ".join(notes.values())
         return out
+
+
+def batch_check(tracking_uri: str, site_run, site: str, logits: np.ndarray, features: np.ndarray | None,
+                stats: Sequence[AcquisitionStats | None]) -> dict[str, Any]:
+    """The new CTs of one ``predict --site`` call, as a whole, against the site's own calibration CTs (what its
+    ``lungcal recalibrate`` run logged): the site check's statistics and verdict
+    (:func:`lungcal.engine.evaluate.site_assessment.assess`). A ``scanner_shift`` here means these CTs are not
+    like the ones the site's calibrator and threshold were fitted on, whatever the stored check said then.
+
+    Returns ``{"verdict", "reasons", "n", "effect"}``, or ``{"verdict": None, "note"}`` when it cannot be said
+    (fewer than :data:`MIN_SITE_CTS` CTs, a recalibration that logged no calibration CTs, too small a reference).
+    """
+    n = int(len(logits))
+    ref = run_site_reference(tracking_uri, site_run.info.run_id)
+    if ref is None or ref.get("scores") is None or ref.get("labels") is None:
+        return {"verdict": None, "n": n, "note": f"site {site}'s recalibration logged no calibration CTs (run "
+                                                  "lungcal recalibrate again to log them)"}
+    if n < MIN_SITE_CTS:
+        return {"verdict": None, "n": n, "note": f"{n} CT(s), too few to compare with site {site}'s calibration "
+                                                  f"CTs (a check needs {MIN_SITE_CTS})"}
+    reference = Reference(np.asarray(ref["scores"], float), np.asarray(ref["labels"]).astype(int),
+                          None if ref.get("features") is None else flat_features(ref["features"]),
+                          f"site {site}'s calibration CTs")
+    try:
+        reference.check()
+    except DataError as exc:
+        return {"verdict": None, "n": n, "note": exc.message}
+    acq = acquisition_checks(run_acquisition_summary(tracking_uri, site_run.info.run_id), stats)
+    found = assess(reference, binary_scores(logits), features if reference.features is not None else None, acq)
+    return {"verdict": found["verdict"], "reasons": found["reasons"], "n": n, "effect": found["effect"]}
+
+
+def batch_lines(check: Mapping[str, Any] | None, site: str | None) -> list[str]:
+    """The printed lines of :func:`batch_check` (none without a site)."""
+    if check is None:
+        return []
+    if check["verdict"] is None:
+        return [f"  site check    not run on these CTs: {check['note']}"]
+    why = f" ({check['reasons'][0]})" if check.get("reasons") else ""
+    out = [f"  site check    these {check['n']} CTs against site {site}'s calibration CTs: {check['verdict']}{why}"]
+    if check["verdict"] == SCANNER_SHIFT:
+        out.append(f"  WARNING       these CTs differ from the ones site {site} was recalibrated on: its calibrator "
+                   "and threshold may not hold for them; recalibrate on labelled CTs like these (lungcal recalibrate)")
+    return out
