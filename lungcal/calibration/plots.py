@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .measures.calibration_error import reliability_bins
-from .measures.decision_curve import decision_curve
+from .measures.decision_curve import DecisionCurve, decision_curve
 from .measures.inputs import _as_probs_labels, _confidence_correct
 from .selective import risk_coverage
 
@@ -141,16 +141,18 @@ def risk_coverage_plot(probs, labels, score: str = "confidence", member_probs=No
     return _finish(fig, ax, "upper left", title, path, dpi, left=0.14)
 
 
-def decision_curve_plot(probs, labels, thresholds=None, mark: float | None = None, title: str | None = None,
-                        path: str | Path | None = None, dpi: int = 120):
+def decision_curve_plot(probs=None, labels=None, thresholds=None, mark: float | None = None, title: str | None = None,
+                        path: str | Path | None = None, dpi: int = 120, curve: DecisionCurve | None = None):
     """Decision curve (:func:`..measures.decision_curve.decision_curve`): the model's net benefit against the
     threshold probability, beside treating all and treating none; ``mark`` draws a dotted line at one
-    threshold (a site's work-up threshold) with the model's net benefit there.
+    threshold (a site's work-up threshold) with the model's net benefit there. ``curve``: a curve already
+    computed (then ``probs``, ``labels`` and ``thresholds`` are not needed).
 
     Returns:
         the :class:`matplotlib.figure.Figure` (the PNG is written to ``path`` when given).
     """
-    curve = decision_curve(probs, labels) if thresholds is None else decision_curve(probs, labels, thresholds)
+    if curve is None:
+        curve = decision_curve(probs, labels) if thresholds is None else decision_curve(probs, labels, thresholds)
     t = curve.thresholds
     fig = Figure(figsize=(5.0, 4.2))
     FigureCanvasAgg(fig)

@@ -576,7 +576,7 @@ def _log_run(res: Recalibration, probs: Mapping[str, np.ndarray], test, val, dat
                          "rows": res.subgroups}, "data/test_subgroups.json")
         if res.decision is not None:  # the test split's decision curve, marked at the site's threshold
             mark = res.threshold.guarantee.threshold if res.threshold is not None else None
-            fig = decision_curve_plot(probs[chosen], test["labels"], mark=mark,
+            fig = decision_curve_plot(curve=res.decision, mark=mark,  # the curve the run logs, not a second one
                                       title=f"{stage1_name}+{chosen} @ {site}: decision curve (test)")
             tr.log_figure(fig, plot_artifact("test", "decision_curve"))
             tr.log_dict(res.decision.as_dict(), "data/test_decision_curve.json")
