@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike
 
 from lungcal.errors import DataError
 
-__all__ = ["SensitivityEstimate", "cbpe_sensitivity", "estimate_validity"]
+__all__ = ["SensitivityEstimate", "cbpe_sensitivity", "expected_oe_interval", "estimate_validity"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,30 @@ def cbpe_sensitivity(p1: ArrayLike, threshold: float, *, n_draws: int = 2000, le
             a = (1 - level) / 2
             lo, hi = float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a))
     return SensitivityEstimate(sens, (lo, hi), float(called.mean()), expected, int(p.size))
+
+
+def expected_oe_interval(p1: ArrayLike, *, n_draws: int = 2000, level: float = 0.95,
+                         seed: int = 0) -> tuple[float, float]:
+    """The interval of the O/E ratio (observed cancers over ``sum(p1)``) that labels drawn from calibrated ``p1``
+    would give (each ``y_i ~ Bernoulli(p_i)``; percentile interval over ``n_draws`` draws).
+
+    CBPE's own O/E is 1 by construction (the probabilities stand in for the labels); this is the band around it
+    that an observed O/E of the same CTs falls in while the calibration holds, so an observed O/E outside it, once
+    the labels arrive, says the calibration did not hold. NaN when ``sum(p1)`` is 0.
+
+    Raises:
+        DataError: ``p1`` empty or outside [0, 1].
+    """
+    p = np.asarray(p1, np.float64).reshape(-1)
+    if p.size == 0 or not np.all((p >= 0) & (p <= 1)) or not np.all(np.isfinite(p)):
+        raise DataError("CBPE needs calibrated probabilities in [0, 1]", field="probs",
+                        fix="pass p(cancer) of each CT after the site's calibrator")
+    expected = float(p.sum())
+    if expected <= 0 or n_draws <= 0:
+        return math.nan, math.nan
+    cancers = (np.random.default_rng(seed).random((n_draws, p.size)) < p[None, :]).sum(axis=1) / expected
+    a = (1 - level) / 2
+    return float(np.quantile(cancers, a)), float(np.quantile(cancers, 1 - a))
 
 
 def estimate_validity(verdict: str | None, prior_adjusted: bool = False) -> tuple[bool, str]:

@@ -58,6 +58,9 @@ __all__ = [
     "TAG_SITE_CHECK",
     "TAG_FORCED",
     "SITE_CHECK_ARTIFACT",
+    "TAG_MONITOR",
+    "TAG_MONITOR_ALERTS",
+    "MONITOR_ARTIFACT",
     "PLOTS_DIR",
     "PREDICTIONS_DIR",
     "metric_name",
@@ -167,6 +170,12 @@ TAG_SITE_CHECK = "lungcal.site_check"
 TAG_FORCED = "lungcal.forced_past_site_check"
 #: the JSON of a site check, in its run
 SITE_CHECK_ARTIFACT = "site_check.json"
+#: the tag of a ``lungcal monitor`` run: ``alert`` when a chunk raised one, else ``quiet``
+TAG_MONITOR = "lungcal.monitor"
+#: the alerts of a monitoring pass, by chunk ordinal and kind (``chunk 4: scanner_shift; ...``; never a date)
+TAG_MONITOR_ALERTS = "lungcal.monitor_alerts"
+#: the JSON of a monitoring pass (chunks by ordinal), in its run
+MONITOR_ARTIFACT = "monitor.json"
 PLOTS_DIR = "plots"
 PREDICTIONS_DIR = "predictions"
 

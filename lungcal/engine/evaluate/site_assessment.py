@@ -81,8 +81,12 @@ def acquisition_checks(summary: Mapping[str, Any] | None,
 
 def assess(reference: Reference, scores: np.ndarray, features: np.ndarray | None,
            acquisition: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.05, n_resamples: int = 1000,
-           n_subsamples: int = 20, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+           n_subsamples: int = 20, n_bootstrap: int = 1000, seed: int = 0,
+           prevalence_level: float = 0.95) -> dict[str, Any]:
     """The statistics and the verdict of a site (everything but the I/O of :func:`site_check`).
+
+    ``prevalence_level``: the level of the prevalence's bootstrap interval that can call ``prevalence_shift``
+    (``lungcal monitor`` sets it to one minus its per-chunk alpha).
 
     Returns ``{"verdict", "reasons", "tests", "prevalence", "prevalence_ci", "source_prevalence"}``.
     """
@@ -96,7 +100,7 @@ def assess(reference: Reference, scores: np.ndarray, features: np.ndarray | None
     s_ref, y_ref = np.asarray(reference.scores, float), np.asarray(reference.labels).astype(int)
     scores = np.asarray(scores, float)
     q = bbse_prevalence(s_ref, y_ref, scores)
-    q_ci = prevalence_interval(s_ref, y_ref, scores, n_bootstrap=n_bootstrap, seed=seed)
+    q_ci = prevalence_interval(s_ref, y_ref, scores, n_bootstrap=n_bootstrap, level=prevalence_level, seed=seed)
     source_q = float(y_ref.mean())
     tests: dict[str, ShiftTest] = {
         "outputs_any_change": ks_permutation_test(s_ref, scores, n_resamples=n_resamples, seed=seed),

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binomtest
 
-__all__ = ["SIZE_BANDS", "ct_groups", "subgroup_rows", "subgroup_text"]
+__all__ = ["SIZE_BANDS", "clopper_pearson", "oe_bootstrap_ci", "ct_groups", "subgroup_rows", "subgroup_text"]
 
 #: nodule size bands (diameter, mm): Lung-RADS-like cut points, masses apart
 SIZE_BANDS = ((0.0, 6.0, "<6 mm"), (6.0, 10.0, "6-10 mm"), (10.0, 20.0, "10-20 mm"), (20.0, 30.0, "20-30 mm"),
@@ -89,14 +89,16 @@ def ct_groups(rows: Sequence[Mapping[str, Any]], datalist: Path | None = None) -
     return out
 
 
-def _cp(k: int, n: int) -> tuple[float, float]:
+def clopper_pearson(k: int, n: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) 95 % CI of ``k`` of ``n``; NaN for ``n = 0``."""
     if n == 0:
         return math.nan, math.nan
     ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
     return float(ci.low), float(ci.high)
 
 
-def _oe_ci(p: np.ndarray, y: np.ndarray, n_bootstrap: int, rng: np.random.Generator) -> tuple[float, float]:
+def oe_bootstrap_ci(p: np.ndarray, y: np.ndarray, n_bootstrap: int, rng: np.random.Generator) -> tuple[float, float]:
+    """The 95 % percentile-bootstrap CI of O/E (``sum(y) / sum(p)``) over the CTs; NaN under 2 CTs."""
     if len(y) < 2 or n_bootstrap < 1:
         return math.nan, math.nan
     idx = rng.integers(0, len(y), size=(n_bootstrap, len(y)))
@@ -128,10 +130,10 @@ def subgroup_rows(p1, labels, groups: Mapping[str, Sequence[str]], threshold: fl
             with np.errstate(invalid="ignore", divide="ignore"):
                 oe = float(y[m].sum() / p[m].sum()) if p[m].sum() > 0 else math.nan
             out.append({"grouping": grouping, "group": str(g), "n": n, "n_cancers": cancers,
-                        "work_up_rate": k_up / n, "work_up_ci": _cp(k_up, n),
+                        "work_up_rate": k_up / n, "work_up_ci": clopper_pearson(k_up, n),
                         "sensitivity": k_found / cancers if cancers else math.nan,
-                        "sensitivity_ci": _cp(k_found, cancers), "oe": oe,
-                        "oe_ci": _oe_ci(p[m], y[m].astype(float), n_bootstrap, rng)})
+                        "sensitivity_ci": clopper_pearson(k_found, cancers), "oe": oe,
+                        "oe_ci": oe_bootstrap_ci(p[m], y[m].astype(float), n_bootstrap, rng)})
     return out
 
 
