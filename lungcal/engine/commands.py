@@ -1,5 +1,5 @@
-"""``lungcal recalibrate``, ``lungcal cancers-needed``, ``lungcal build-bags``, ``lungcal predict`` and
-``lungcal lesion-bed``: the CT engine's sub-commands.
+"""``lungcal recalibrate``, ``lungcal cancers-needed``, ``lungcal site-check``, ``lungcal monitor``, ``lungcal
+build-bags``, ``lungcal predict`` and ``lungcal lesion-bed``: the CT engine's sub-commands.
 
 Heavy imports (torch, MLflow, MONAI) happen inside the command, so ``lungcal --help`` stays fast
 (the only function-local imports the lint contract allows). User errors are
@@ -15,8 +15,8 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``recalibrate``, ``cancers-needed``, ``site-check``, ``adapt-curve``, ``build-bags``, ``predict`` and
-    ``lesion-bed`` to the ``lungcal`` parser."""
+    """Add ``recalibrate``, ``cancers-needed``, ``site-check``, ``monitor``, ``adapt-curve``, ``build-bags``,
+    ``predict`` and ``lesion-bed`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -110,6 +110,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
     c.add_argument("--num-workers", type=int, default=0, help="parallel workers for the series checks and bags")
     c.set_defaults(func=_site_check)
+
+    mo = subparsers.add_parser(
+        "monitor", help="follow a site after go-live, month by month: shifts, work-up, sensitivity with or "
+        "without labels, alerts",
+        description="Group a site's CTs by acquisition date (the datalist's study_date: YYYY-MM-DD or YYYYMMDD) into "
+        "chunks (calendar months, or N CTs), score them with the model and the calibrator `lungcal recalibrate` "
+        "stored at the site, and report per chunk: the site check against the site's calibration CTs and against "
+        "the training data (verdict, effect size), the share of CTs out of distribution, the work-up rate at the "
+        "site's threshold, the sensitivity estimated without labels (CBPE; valid only while the chunk is "
+        "comparable, or prevalence_shift once prior-adjusted) and, where labels have arrived, the observed "
+        "sensitivity, work-up rate, O/E and ECE with CIs. A chunk whose site check leaves comparable, or whose "
+        "sensitivity falls below the site's promise, is an alert (printed, tagged lungcal.monitor_alerts). Rows "
+        "without a usable date or image, CTs failing a series check and chunks too small to say anything are "
+        "reported in one line each; the rest goes on. Chunks are named by ordinal, never by date; one MLflow run "
+        "per pass with the picture.")
+    mo.add_argument("datalist", metavar="DATALIST", help="the site's datalist JSON: rows with image, study_date and, "
+                    "where it has arrived, label")
+    mo.add_argument("--run", required=True, metavar="ID", help="the stage-1 MLflow run id of the model")
+    mo.add_argument("--site", default=None, help="the site `lungcal recalibrate` was run for (default: the rows' site)")
+    mo.add_argument("--chunk", default="month", metavar="month|N",
+                    help="one chunk per calendar month (default), or per N CTs in date order (N >= 20)")
+    mo.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON here")
+    mo.add_argument("--alpha", type=float, default=0.05,
+                    help="false-alarm rate of a scanner alert over a year of 12 chunks (each chunk: ALPHA/12)")
+    mo.add_argument("--threshold", type=float, default=None,
+                    help="the work-up threshold (default: the one recalibrate --miss-rate stored at the site)")
+    mo.add_argument("--promise", type=float, default=None,
+                    help="the promised sensitivity (default: 1 - the miss rate the site's guarantee allows)")
+    mo.add_argument("--false-alarm-years", type=int, default=0, metavar="N",
+                    help="also measure the alert rule's false-alarm rate over N simulated stable years (chunks "
+                         "drawn from the site's calibration CTs; slow: minutes per 10 years)")
+    mo.add_argument("--permutations", type=int, default=1000, help="permutations per test (raised as the level needs)")
+    mo.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
+    mo.add_argument("--seed", type=int, default=0, help="seed of the permutations, draws and bootstrap")
+    add_qc_options(mo)
+    mo.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    mo.add_argument("--output-dir", default=None, help="output folder for caches (default: ./runs or $LUNGCAL_HOME)")
+    mo.add_argument("--num-workers", type=int, default=0, help="parallel workers for the series checks and bags")
+    mo.set_defaults(func=_monitor)
 
     a = subparsers.add_parser(
         "adapt-curve", help="how many labelled site CTs for which route? (recalibrate, fine-tune, from scratch)",
@@ -260,6 +299,18 @@ def _site_check(args: argparse.Namespace) -> int:
     res = site_check(args.run, args.datalist, tracking_uri=args.tracking_uri, output_dir=args.output_dir,
                      json_path=args.json, alpha=args.alpha, site=args.site, reference=args.reference,
                      qc=qc_config(args), num_workers=args.num_workers, n_resamples=args.permutations, seed=args.seed)
+    print(format_report(res))
+    return 0
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    from lungcal.engine.site.monitor import format_report, monitor
+
+    res = monitor(args.run, args.datalist, site=args.site, chunk=args.chunk, json_path=args.json, alpha=args.alpha,
+                  threshold=args.threshold, promise=args.promise, tracking_uri=args.tracking_uri,
+                  output_dir=args.output_dir, qc=qc_config(args), num_workers=args.num_workers,
+                  n_resamples=args.permutations, n_bootstrap=args.n_bootstrap,
+                  false_alarm_years=args.false_alarm_years, seed=args.seed)
     print(format_report(res))
     return 0
 

@@ -66,7 +66,7 @@ __all__ = ["DATE_COLUMN", "MONTH", "MIN_CHUNK_CTS", "Chunk", "AlertRule", "parse
            "make_chunks", "check_chunk", "estimate_chunk", "observed_chunk", "chunk_statistics", "chunk_alerts",
            "run_alerts", "false_alarm_rate", "reference_draw", "ChunkDraw"]
 
-#: the datalist column holding a CT's acquisition date (DICOM StudyDate, or the site CSV's ``study_date``)
+#: the datalist column holding a CT's acquisition date (``lungcal import-site`` copies the site CSV's ``study_date``)
 DATE_COLUMN = "study_date"
 #: ``--chunk month``: one chunk per calendar month
 MONTH = "month"
@@ -121,8 +121,8 @@ def dated_rows(rows: Sequence[Mapping[str, Any]], column: str = DATE_COLUMN) -> 
     for i, r in enumerate(rows):
         value = r.get(column)
         if value is None or (isinstance(value, str) and not value.strip()):
-            problems.append(f"row {i}: no {column}: left out (the importers fill it from DICOM StudyDate or the "
-                            "site CSV)")
+            problems.append(f"row {i}: no {column}: left out (import-site copies it from the site CSV's "
+                            f"{column} column)")
             continue
         d = parse_date(value)
         if d is None:
