@@ -1,11 +1,14 @@
 """Hospital-site importer: a UPMC/UCD-style CSV -> datalist rows.
 
-The CSV has a header with the columns ``subject_id, image, label`` and optionally ``split``
-(other columns are ignored). ``image`` is a DICOM series folder, a NIfTI/MHD/MHA/NRRD file, or a
-case folder holding one CT file beside its masks and annotations (read as ``lungcal qc`` reads a
-folder: :func:`lungcal.data.folder.case_ct`; the row then names that CT file); relative paths
-resolve against the CSV's folder, absolute paths are kept, and Windows backslashes
-(``scans\\ct01``) are read as folder separators.
+The CSV has a header with the columns ``subject_id, image, label`` and optionally ``split`` and
+``study_date`` (other columns are ignored). ``study_date``, the CT's acquisition date (``YYYY-MM-DD`` or DICOM's
+``YYYYMMDD``), is written to the row as ``YYYY-MM-DD`` for ``lungcal monitor``, which groups CTs by it; a date is a
+patient identifier, so it stays in the datalist (never logged, never in an error message).
+
+``image`` is a DICOM series folder, a NIfTI/MHD/MHA/NRRD file, or a case folder holding one CT file beside its
+masks and annotations (read as ``lungcal qc`` reads a folder: :func:`lungcal.data.folder.case_ct`; the row
+then names that CT file); relative paths resolve against the CSV's folder, absolute paths are kept, and
+Windows backslashes (``scans\\ct01``) are read as folder separators.
 
 CSVs as hospitals write them (:func:`read_csv_rows`): UTF-8, UTF-8 with a byte-order mark (Excel's
 "CSV UTF-8"), UTF-16 with its mark (Excel's "Unicode text"), or Windows-1252 (Excel's plain "CSV" on
@@ -25,6 +28,7 @@ import io
 import logging
 import os
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 
 from lungcal.errors import DataError
@@ -119,6 +123,20 @@ def read_csv_rows(path: str | os.PathLike, required: Sequence[str]) -> list[dict
     return rows
 
 
+def _study_date(value: str, path: Path, i: int) -> str:
+    """``YYYY-MM-DD`` from a CSV's ``YYYY-MM-DD`` or ``YYYYMMDD`` (the value itself is never echoed)."""
+    text = value.strip()
+    digits = text.replace("-", "") if len(text) == 10 and text[4] == "-" and text[7] == "-" else text
+    try:
+        if len(digits) != 8 or not digits.isdigit():
+            raise ValueError
+        return date(int(digits[:4]), int(digits[4:6]), int(digits[6:])).isoformat()
+    except ValueError:
+        raise DataError("study_date is not a date in the form YYYY-MM-DD or YYYYMMDD", file=path, row=i,
+                        field="study_date", fix="write the CT's acquisition date as YYYY-MM-DD, or leave it empty"
+                        ) from None
+
+
 def _label(value: str, path: Path, i: int) -> int:
     if value not in ("0", "1"):
         raise DataError(f"label must be 0 or 1, got {value!r}", file=path, row=i, field="label",
@@ -141,7 +159,7 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
         check_files: check that every image exists.
 
     Returns:
-        validated rows ``{image (absolute), label, subject, site, split}``.
+        validated rows ``{image (absolute), label, subject, site, split[, study_date]}``.
 
     Raises:
         DataError: missing CSV/columns, a label not 0/1, a bad split, a missing image, a
@@ -178,8 +196,11 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
         if split and split not in SPLITS:
             raise DataError(f"split must be one of {list(SPLITS)} or empty, got {split!r}", file=path, row=i,
                             field="split", fix="use train, val, test, or leave it empty")
-        rows.append({"image": str(img), "label": _label(r["label"], path, i),
-                     "subject": pseudonym(r["subject_id"], salt), "site": str(site), "split": split})
+        row = {"image": str(img), "label": _label(r["label"], path, i),
+               "subject": pseudonym(r["subject_id"], salt), "site": str(site), "split": split}
+        if r.get("study_date"):
+            row["study_date"] = _study_date(r["study_date"], path, i)
+        rows.append(row)
     rows = apply_splits(rows, fractions, seed=seed, keep_existing=True) if any(not r["split"] for r in rows) else rows
     # a subject given two different splits in the CSV is caught here, naming the row
     rows = validate_rows(rows, file=path, check_files=False)

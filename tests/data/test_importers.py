@@ -108,6 +108,17 @@ def test_import_site_relative_paths_and_splits(tmp_path):
     assert json.loads((tmp_path / "dl.json").read_text())["source"] == "site:upmc"
 
 
+def test_import_site_keeps_a_study_date_column_for_the_monitor(tmp_path):
+    csv = _site(tmp_path, ["MRN1,imgs/a.nii.gz,1,test,2031-03-04", "MRN2,imgs/b.nii.gz,0,test,20310411",
+                           "MRN3,imgs/c.nii.gz,0,test,"], "subject_id,image,label,split,study_date")
+    rows = import_site(csv, "upmc", salt="k")
+    assert [r.get("study_date") for r in rows] == ["2031-03-04", "2031-04-11", None]
+    bad = _site(tmp_path, ["MRN1,imgs/a.nii.gz,1,test,04/03/2031"], "subject_id,image,label,split,study_date")
+    with pytest.raises(DataError, match="YYYY-MM-DD") as err:
+        import_site(bad, "upmc", salt="k")
+    assert err.value.row == 0 and err.value.field == "study_date" and "2031" not in str(err.value)
+
+
 @pytest.mark.parametrize("lines, header, row, field, match", [
     (["MRN1,imgs/zzz.nii.gz,1,"], None, 0, "image", "not found"),
     (["MRN1,imgs/a.nii.gz,yes,"], None, 0, "label", "0 or 1"),
