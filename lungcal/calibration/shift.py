@@ -50,6 +50,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.model_selection import StratifiedKFold
 from sklearn.neighbors import NearestNeighbors
+from threadpoolctl import threadpool_limits
 
 from lungcal.errors import DataError
 
@@ -111,12 +112,19 @@ def ks_permutation_test(x: ArrayLike, y: ArrayLike, n_resamples: int = 2000,
 
 
 def _mmd2(kernel: np.ndarray, nx: int, order: np.ndarray) -> np.ndarray:
-    """Biased MMD^2 of the samples ``order[..., :nx]`` and ``order[..., nx:]`` of a pooled kernel matrix."""
-    x, y = order[..., :nx], order[..., nx:]
-    kxx = kernel[x[..., :, None], x[..., None, :]].mean(axis=(-2, -1))
-    kyy = kernel[y[..., :, None], y[..., None, :]].mean(axis=(-2, -1))
-    kxy = kernel[x[..., :, None], y[..., None, :]].mean(axis=(-2, -1))
-    return kxx + kyy - 2 * kxy
+    """Biased MMD^2 of the samples ``order[..., :nx]`` and ``order[..., nx:]`` of a pooled kernel matrix.
+
+    As the quadratic form ``a' K a`` with ``a`` = ``1 / nx`` on the first sample and ``-1 / ny`` on the second
+    (the three block means at once), one matrix product per batch of permutations rather than three gathered
+    ``n x n`` blocks each: 18-47x as fast for 90-270 pooled cases in batches of 64 (``scripts/bench_shift.py``),
+    equal to the block means to rounding."""
+    order = np.asarray(order)
+    n = kernel.shape[0]
+    ny = order.shape[-1] - nx
+    a = np.zeros(order.shape[:-1] + (n,))
+    np.put_along_axis(a, order[..., :nx], 1.0 / nx, axis=-1)
+    np.put_along_axis(a, order[..., nx:], -1.0 / ny, axis=-1)
+    return np.einsum("...i,...i->...", a @ kernel, a)
 
 
 def mmd_permutation_test(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000,
@@ -138,9 +146,12 @@ def mmd_permutation_test(x: np.ndarray, y: np.ndarray, n_resamples: int = 1000,
         return _mmd2(kernel, nx, np.concatenate([a, b], axis=-1).astype(int))
 
     idx = np.arange(pooled.shape[0])
-    res = stats.permutation_test((idx[:nx], idx[nx:]), statistic, permutation_type="independent",
-                                 vectorized=True, n_resamples=n_resamples, alternative="greater",
-                                 random_state=seed, batch=64)
+    # one BLAS thread: the products are small (64 x n by n x n), and on a busy machine OpenBLAS's threads cost
+    # more to wake than the product (a site assessment's MMD share, 2 cores with one taken: 1.7 s -> 0.1 s)
+    with threadpool_limits(limits=1, user_api="blas"):
+        res = stats.permutation_test((idx[:nx], idx[nx:]), statistic, permutation_type="independent",
+                                     vectorized=True, n_resamples=n_resamples, alternative="greater",
+                                     random_state=seed, batch=64)
     return ShiftTest(float(res.statistic), float(res.pvalue), int(nx), int(y.shape[0]))
 
 

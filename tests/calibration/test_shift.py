@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from lungcal.calibration import shift as shift_module
 from lungcal.calibration.shift import (
     EFFECT_AUC,
     EmbeddingRange,
@@ -177,3 +178,17 @@ def test_the_domain_effect_is_small_on_a_same_scanner_site_large_on_a_shifted_on
     w = np.where(y == 1, 0.6 / y.mean(), 0.4 / (1 - y.mean()))
     weighted = domain_effect(ref_mix, site, source_weights=w)
     assert plain.large and weighted.ci[0] <= 0.5 + 0.05 and weighted.auc < plain.auc - 0.1
+
+
+def test_the_mmd_statistic_is_the_three_block_means():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(23, 4))
+    kernel = np.exp(-((x[:, None] - x[None]) ** 2).sum(-1) / 4)
+    order = np.stack([rng.permutation(23) for _ in range(5)])
+    nx = 9
+    for o in (order, order[0]):
+        a, b = o[..., :nx], o[..., nx:]
+        want = (kernel[a[..., :, None], a[..., None, :]].mean(axis=(-2, -1))
+                + kernel[b[..., :, None], b[..., None, :]].mean(axis=(-2, -1))
+                - 2 * kernel[a[..., :, None], b[..., None, :]].mean(axis=(-2, -1)))
+        np.testing.assert_allclose(shift_module._mmd2(kernel, nx, o), want, rtol=1e-12, atol=1e-14)
