@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import sys
 import time
@@ -42,7 +43,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # variants name classes of this file
 
-from lungcal.candidates.detector import Candidates, LoGBlobDetector, _as_volume  # noqa: E402
+from lungcal.candidates.detector import Candidates, LoGBlobDetector, MaskMemo, _as_volume  # noqa: E402
 from lungcal.candidates.detector_config import detector_from_config  # noqa: E402
 from lungcal.candidates.lesions import (  # noqa: E402
     SOLID_PYRAMID_SIGMA_VOX,
@@ -51,6 +52,7 @@ from lungcal.candidates.lesions import (  # noqa: E402
     LesionDetector,
     _coarse,
     _fill_dense,
+    interleave,
     median_filter,
 )
 from lungcal.candidates.sensitivity import lesion_ranks  # noqa: E402
@@ -66,6 +68,7 @@ class LocalContrastGlass(GlassChannel):
 
     background_mm: float = 0.0
     clip_hu: float | None = None
+    dense_grow: int = 1  # the dense voxels are grown by this many voxels before the fill (shipped: 1)
 
     def detect(self, image, lung_mask, spacing, affine, *, memo=None) -> Candidates:
         vol = _as_volume(image).astype(np.float32, copy=False)
@@ -78,7 +81,9 @@ class LocalContrastGlass(GlassChannel):
         gsp = sp * step
         size = np.maximum(1, np.round(self.median_mm / gsp).astype(np.int64)) | 1
         med = median_filter(hu, tuple(int(s) for s in size)) if (size > 1).any() else hu
-        dense = ndimage.binary_dilation(med > np.float32(self.dense_hu))
+        dense = med > np.float32(self.dense_hu)
+        if self.dense_grow > 0:
+            dense = ndimage.binary_dilation(dense, iterations=self.dense_grow)
         rest = m & ~dense
         level = float(np.median(med[rest])) if rest.any() else float(self.window_hu[0])
         glass = _fill_dense(med, dense, self.fill_sigma_mm / gsp, level)
@@ -162,6 +167,58 @@ def score(cache: Path, variants: dict[str, dict]) -> list[dict]:
     return rows
 
 
+#: the bag sizes the ``channels`` summary reads off the merged ranking
+KS = (16, 32, 64, 128)
+
+
+def channels(cache: Path, solid_k: int = 3000, glass_k: int = 1000) -> list[dict]:
+    """One row per kept lesion: its rank in the shipped detector's solid channel alone (its best ``solid_k``),
+    in its ground-glass channel alone (best ``glass_k``), and in the merged ranking (``SSSG``) of their best
+    ``max(KS)`` each, so that a larger K or more ground-glass slots can be read off without a rerun."""
+    info = json.loads((cache / "meta.json").read_text())
+    preset = PRESETS[info["preset"]]
+    chans = LesionDetector()._channels()
+    rows = []
+    for m in tqdm(info["scans"], desc="channels", unit="scan"):
+        z = np.load(cache / m["file"])
+        img, lung, aff = z["image"], z["lung"] > 0, z["affine"]
+        sp = np.linalg.norm(aff[:3, :3], axis=0)
+        memo = MaskMemo()
+        s = dataclasses.replace(chans["S"], top_k=solid_k).detect(img, lung, sp, aff, memo=memo)
+        g = dataclasses.replace(chans["G"], top_k=glass_k).detect(img, lung, sp, aff, memo=memo)
+        merged = interleave({"S": s.top(max(KS)), "G": g.top(max(KS))}, LesionDetector.pattern, sp, max(KS),
+                            float(chans["S"].min_distance_mm), reference="S")
+        les = (np.array(m["centres"]), np.array(m["radii"]), np.array(m["mass"]))
+        ranks = [lesion_ranks(*les, c.voxel, c.world, aff, preset.patch_size) for c in (s, g, merged)]
+        for x, rs, rg, rm in zip(m["lesions"], *ranks):
+            rows.append({"background": m["background"], "scan": m["file"], "kind": x["kind"], "place": x["place"],
+                         "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"], "core_frac": x["core_frac"],
+                         "rank_solid": int(rs), "rank_glass": int(rg), "rank_merged": int(rm)})
+    return rows
+
+
+def channels_table(rows: list[dict], k: int = 16) -> str:
+    """Per kind, at the target sizes: in the bag of K = 16, 32, 64, 128 (the merged ranking), and where the
+    misses at ``k`` rank in each channel alone (median; within the channel's first 16 and 64; not found)."""
+    lines = ["| kind | " + " | ".join(f"K {n}" for n in KS) + f" | misses at K {k} | their solid rank: median, "
+             "<= 64, none | their ground-glass rank: median, <= 16, <= 64, none |", "|---|" + "---|" * (len(KS) + 3)]
+    for kind in sorted({x["kind"] for x in rows}):
+        t = [x for x in rows if x["kind"] == kind and target(kind, float(x["diameter_mm"]), float(x["gg_hu"]))]
+        if not t:
+            continue
+        ins = [f"{sum(0 < int(x['rank_merged']) <= n for x in t)}/{len(t)}" for n in KS]
+        miss = [x for x in t if not 0 < int(x["rank_merged"]) <= k]
+
+        def desc(key: str, cuts: tuple[int, ...], miss: list[dict] = miss) -> str:
+            r = np.array([int(x[key]) for x in miss])
+            found = r[r > 0]
+            med = f"{np.median(found):.0f}" if len(found) else "-"
+            return ", ".join([med, *(str(int(((r > 0) & (r <= c)).sum())) for c in cuts), str(int((r == 0).sum()))])
+        lines.append(f"| {kind} | " + " | ".join(ins) + f" | {len(miss)} | {desc('rank_solid', (64,))} | "
+                     f"{desc('rank_glass', (16, 64))} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """In the bag at the target sizes, per variant x kind (all places, then each place)."""
     count: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
@@ -195,18 +252,21 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--cache", type=Path, required=True)
     s.add_argument("--variants", type=Path, required=True, help="JSON: name -> detector config")
     s.add_argument("--out", type=Path, required=True, help="rows CSV")
+    c = sub.add_parser("channels", help="each lesion's rank in each channel alone and in the merged ranking")
+    c.add_argument("--cache", type=Path, required=True)
+    c.add_argument("--out", type=Path, required=True, help="rows CSV")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         build(a.ct_dir, a.seed, a.kinds, a.per_cell, a.out, a.preset)
         return
     t = time.perf_counter()
-    rows = score(a.cache, json.loads(a.variants.read_text()))
+    rows = channels(a.cache) if a.cmd == "channels" else score(a.cache, json.loads(a.variants.read_text()))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(table(rows))
+    print(channels_table(rows) if a.cmd == "channels" else table(rows))
     print(f"{len(rows)} rows in {time.perf_counter() - t:.0f} s -> {a.out}")
 
 

@@ -40,3 +40,25 @@ def test_the_table_counts_only_the_targets_per_place():
     lines = gv.table(rows).splitlines()
     assert lines[2] == "| a | ground-glass | 0/1 | 0/1 | 0/0 | 0/0 | 0/0 |"
     assert lines[3] == "| a | part-solid | 1/1 | 0/0 | 1/1 | 0/0 | 0/0 |"
+
+
+def test_growing_the_dense_voxels_once_is_the_shipped_channel():
+    gv = load_script("glass_variants")
+    img, mask = _lung_with_glass()
+    sp, aff = (2.5, 2.5, 2.5), np.diag([2.5, 2.5, 2.5, 1.0])
+    shipped = GlassChannel(top_k=8).detect(img, mask, sp, aff)
+    once = gv.LocalContrastGlass(top_k=8, dense_grow=1).detect(img, mask, sp, aff)
+    np.testing.assert_array_equal(once.voxel, shipped.voxel)
+    twice = gv.LocalContrastGlass(top_k=8, dense_grow=2).detect(img, mask, sp, aff)
+    assert np.abs(twice.voxel[0] - [20, 18, 15]).max() <= 1  # no dense voxel near the blob: still found
+
+
+def test_the_channels_table_reads_larger_bags_and_the_misses_ranks_per_channel():
+    gv = load_script("glass_variants")
+    row = {"kind": "part-solid", "place": "free", "diameter_mm": 9, "gg_hu": -600}
+    rows = [{**row, "rank_solid": 3, "rank_glass": 0, "rank_merged": 2},
+            {**row, "rank_solid": 100, "rank_glass": 12, "rank_merged": 40},
+            {**row, "rank_solid": 0, "rank_glass": 70, "rank_merged": 0},
+            {**row, "diameter_mm": 5, "rank_solid": 0, "rank_glass": 0, "rank_merged": 0}]  # not a target
+    line = gv.channels_table(rows).splitlines()[2]
+    assert line == "| part-solid | 1/3 | 1/3 | 2/3 | 2/3 | 2 | 100, 0, 1 | 41, 1, 1, 0 |"
