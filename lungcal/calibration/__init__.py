@@ -36,6 +36,7 @@ from .measures import (
     calibration_report,
     calibration_slope_intercept,
     classwise_ece,
+    draws_bootstrap_diff,
     ece,
     ece_consistency_pvalue,
     mce,
@@ -61,7 +62,7 @@ from .uncertainty import decompose_uncertainty, log_probs
 __all__ = [
     "REPORT_METRICS", "BINARY_REPORT_METRICS", "accuracy", "adaptive_ece", "auroc", "brier_score",
     "calibration_report", "calibration_slope_intercept", "classwise_ece", "ece", "ece_consistency_pvalue",
-    "mce", "nll", "oe_ratio", "paired_bootstrap_diff", "reliability_bins",
+    "mce", "nll", "oe_ratio", "paired_bootstrap_diff", "draws_bootstrap_diff", "reliability_bins",
     "FocalLoss", "FocalLossAdaptiveGamma", "LabelAwareSmoothingLoss", "las_epsilons", "MMCELoss", "mmce_squared",
     "soft_cross_entropy", "mixup", "mixup_bags",
     "Calibrator", "TemperatureScaler", "PlattScaler", "VectorScaler", "MatrixScaler", "HistogramBinning",

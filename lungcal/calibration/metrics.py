@@ -9,7 +9,8 @@ held still resolves here, to the same object. The code lives in :mod:`lungcal.ca
 * :mod:`~lungcal.calibration.measures.clinical`: ``calibration_slope_intercept``, ``oe_ratio``;
 * :mod:`~lungcal.calibration.measures.bootstrap`: ``calibration_report``, ``REPORT_METRICS``,
   ``BINARY_REPORT_METRICS``;
-* :mod:`~lungcal.calibration.measures.significance`: ``ece_consistency_pvalue``, ``paired_bootstrap_diff``.
+* :mod:`~lungcal.calibration.measures.significance`: ``ece_consistency_pvalue``, ``paired_bootstrap_diff``,
+  ``draws_bootstrap_diff``.
 
 The private helpers that scripts and tests reach for (``_bin_index``, ``_bootstrap_replicates``, the
 input checks) are re-exported too. New code imports from :mod:`lungcal.calibration.measures` (or from
@@ -26,7 +27,11 @@ from lungcal.calibration.measures.calibration_error import adaptive_ece, classwi
 from lungcal.calibration.measures.clinical import LOGIT_EPS, calibration_slope_intercept, oe_ratio
 from lungcal.calibration.measures.inputs import _as_probs_labels, _confidence_correct, _confidence_hit, _to_numpy
 from lungcal.calibration.measures.scores import accuracy, auroc, brier_score, nll
-from lungcal.calibration.measures.significance import ece_consistency_pvalue, paired_bootstrap_diff
+from lungcal.calibration.measures.significance import (
+    draws_bootstrap_diff,
+    ece_consistency_pvalue,
+    paired_bootstrap_diff,
+)
 
 __all__ = [
     "ece",
@@ -42,6 +47,7 @@ __all__ = [
     "oe_ratio",
     "calibration_report",
     "paired_bootstrap_diff",
+    "draws_bootstrap_diff",
     "ece_consistency_pvalue",
     "REPORT_METRICS",
     "BINARY_REPORT_METRICS",

@@ -411,3 +411,69 @@ def test_paired_bootstrap_diff_identical_models_and_bad_input():
         M.paired_bootstrap_diff("cal_slope", np.full((3, 3), 1 / 3), np.full((3, 3), 1 / 3), [0, 1, 2])
     with pytest.raises(DataError, match="shape"):
         M.paired_bootstrap_diff("ece", p, np.stack([1 - p, p, 0 * p], 1), y)
+
+
+# ----------------------------------------------------------------------------- two-level bootstrap (draws)
+def test_draws_bootstrap_diff_one_draw_is_the_paired_bootstrap():
+    p, y = _miscalibrated(n=400, seed=6)
+    q = expit(-0.7 + 0.6 * logit(p))
+    for name in ("ece", "auc", "cal_slope"):
+        r1 = M.paired_bootstrap_diff(name, q, p, y, n_bootstrap=300, seed=2, n_bins=10)
+        for b in (p, p[None]):  # a fixed arm as (N,) or (1, N)
+            rd = M.draws_bootstrap_diff(name, q[None], b, y, n_bootstrap=300, seed=2, n_bins=10)
+            assert rd["n_draws"] == 1 and set(r1) | {"n_draws"} == set(rd), name
+            for k in ("diff", "ci_low", "ci_high", "p_value", "n_bootstrap", "significant"):
+                assert rd[k] == pytest.approx(r1[k], abs=1e-12), (name, k)
+    # multiclass (D, N, C) with a fixed (N, C) arm
+    pm = _softmax(np.random.default_rng(0).normal(size=(200, 3)) * 2)
+    ym = np.random.default_rng(1).integers(0, 3, 200)
+    r1 = M.paired_bootstrap_diff("nll", pm, np.full_like(pm, 1 / 3), ym, n_bootstrap=100)
+    rd = M.draws_bootstrap_diff("nll", pm[None], np.full_like(pm, 1 / 3), ym, n_bootstrap=100)
+    assert (rd["ci_low"], rd["ci_high"]) == pytest.approx((r1["ci_low"], r1["ci_high"]), abs=1e-12)
+
+
+def test_draws_bootstrap_diff_known_answer_and_pairing():
+    """Constant probabilities per draw: the cases cannot move the metric, only the draws can."""
+    y = np.arange(50) % 2
+    a = np.array([0.6, 0.8])[:, None] * np.ones(50)  # mean confidence 0.6 and 0.8
+    r = M.draws_bootstrap_diff("mean_confidence", a, None, y, n_bootstrap=1000, seed=0)
+    assert r["diff"] == pytest.approx(0.7) and r["n_draws"] == 2
+    # the mean of 2 draws resampled: 0.6, 0.7 or 0.8 with probabilities 1/4, 1/2, 1/4
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((0.6, 0.8))
+    rc = M.draws_bootstrap_diff(lambda p, _: float(np.maximum(p[:, 0], p[:, 1]).mean()), a, None, y,
+                                n_bootstrap=1000, seed=0)
+    assert (rc["ci_low"], rc["ci_high"], rc["p_value"]) == pytest.approx((r["ci_low"], r["ci_high"], r["p_value"]))
+    # paired by draw, B = A - 0.05: every replicate is exactly +0.05 (the draw noise cancels) ...
+    rp = M.draws_bootstrap_diff("mean_confidence", a, a - 0.05, y, n_bootstrap=500)
+    assert (rp["diff"], rp["ci_low"], rp["ci_high"]) == pytest.approx((0.05, 0.05, 0.05)) and rp["significant"]
+    # ... against a fixed arm it does not
+    rf = M.draws_bootstrap_diff("mean_confidence", a, np.full(50, 0.65), y, n_bootstrap=1000)
+    assert rf["diff"] == pytest.approx(0.05) and (rf["ci_low"], rf["ci_high"]) == pytest.approx((-0.05, 0.15))
+
+
+def test_draws_bootstrap_diff_covers_training_noise():
+    p, y = _miscalibrated(n=2000, seed=7, slope=1.0, shift=0.0)  # p is calibrated
+    a = np.stack([expit(logit(p) + off) for off in (0.0, 0.7, 1.5)])  # three trainings, very different ECEs
+    rd = M.draws_bootstrap_diff("ece", a, p, y, n_bootstrap=500, seed=3, n_bins=10)
+    assert rd["diff"] == pytest.approx(np.mean([M.ece(x, y, 10) for x in a]) - M.ece(p, y, 10), abs=1e-12)
+    widths = [M.paired_bootstrap_diff("ece", x, p, y, n_bootstrap=500, seed=3, n_bins=10) for x in a]
+    assert rd["ci_high"] - rd["ci_low"] > 1.5 * max(w["ci_high"] - w["ci_low"] for w in widths)
+    assert rd["ci_low"] <= rd["diff"] <= rd["ci_high"]
+
+
+def test_draws_bootstrap_diff_bad_input():
+    p, y = _miscalibrated(n=60, seed=8)
+    a = np.stack([p, p, p])
+    with pytest.raises(DataError, match="draws") as e:
+        M.draws_bootstrap_diff("ece", a, a[:2], y)
+    assert e.value.fix
+    with pytest.raises(DataError, match="same test cases"):
+        M.draws_bootstrap_diff("ece", a, p[:50], y)
+    with pytest.raises(DataError, match=r"\(D, N\)"):
+        M.draws_bootstrap_diff("ece", p, None, y)
+    with pytest.raises(DataError, match="rows"):
+        M.draws_bootstrap_diff("ece", a, None, y[:50])
+    with pytest.raises(ConfigError, match="one of"):
+        M.draws_bootstrap_diff("f1", a, None, y)
+    with pytest.raises(ConfigError, match="alpha"):
+        M.draws_bootstrap_diff("ece", a, None, y, alpha=1.5)

@@ -33,7 +33,8 @@ The modules:
 * :mod:`.bootstrap`: :func:`calibration_report`, every measure with a percentile-bootstrap CI, its
   replicates vectorised; :data:`REPORT_METRICS`, :data:`BINARY_REPORT_METRICS`;
 * :mod:`.significance`: :func:`ece_consistency_pvalue` (is a model miscalibrated on these data?) and
-  :func:`paired_bootstrap_diff` (the CI of a difference between two models on the same cases).
+  :func:`paired_bootstrap_diff` (the CI of a difference between two models on the same cases) and
+  :func:`draws_bootstrap_diff` (the same over repeated trainings: a two-level bootstrap of draws and cases).
 
 :mod:`lungcal.calibration.metrics` re-exports all of these under their old path.
 """
@@ -42,11 +43,15 @@ from lungcal.calibration.measures.calibration_error import adaptive_ece, classwi
 from lungcal.calibration.measures.clinical import LOGIT_EPS, calibration_slope_intercept, oe_ratio
 from lungcal.calibration.measures.decision_curve import DecisionCurve, decision_curve, net_benefit
 from lungcal.calibration.measures.scores import accuracy, auroc, brier_score, nll
-from lungcal.calibration.measures.significance import ece_consistency_pvalue, paired_bootstrap_diff
+from lungcal.calibration.measures.significance import (
+    draws_bootstrap_diff,
+    ece_consistency_pvalue,
+    paired_bootstrap_diff,
+)
 
 __all__ = [
     "ece", "mce", "adaptive_ece", "classwise_ece", "brier_score", "nll", "accuracy", "auroc", "reliability_bins",
-    "calibration_slope_intercept", "oe_ratio", "calibration_report", "paired_bootstrap_diff",
+    "calibration_slope_intercept", "oe_ratio", "calibration_report", "paired_bootstrap_diff", "draws_bootstrap_diff",
     "ece_consistency_pvalue", "REPORT_METRICS", "BINARY_REPORT_METRICS", "LOGIT_EPS", "decision_curve",
     "net_benefit", "DecisionCurve",
 ]
