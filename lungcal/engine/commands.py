@@ -155,7 +155,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="On a labelled site datalist (train/val/test), draw nested stratified sets of N labelled CTs "
         "from train+val and score on the fixed test split: the model as shipped, recalibrated on the N CTs, "
         "fine-tuned on them (--init_run_id), and trained from scratch on them; test AUC, ECE, slope, intercept, "
-        "O/E with 95%% CIs and the paired differences against the shipped model. Logged as one MLflow run "
+        "O/E with 95%% CIs and the paired differences against the shipped model and between routes, over --draws "
+        "repetitions (each its own draw and training seed; CIs over draws and test CTs). Logged as one MLflow run "
         "(tag lungcal.adaptation) with the curve's plot; each training route is its own stage-1 run.")
     a.add_argument("datalist", metavar="DATALIST", help="the site's labelled datalist (train, val and test splits)")
     a.add_argument("--run", required=True, metavar="ID", help="the shipped model's stage-1 MLflow run id")
@@ -168,7 +169,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a bundle key for the training routes, e.g. --override 'patch_size=8' (repeatable)")
     a.add_argument("--json", default=None, metavar="PATH", help="also write the curve as JSON here")
     a.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples for the CIs")
-    a.add_argument("--seed", type=int, default=0, help="seed of the draws and the bootstrap")
+    a.add_argument("--seed", type=int, default=0,
+                   help="seed of the draws, the trainings and the bootstrap (draw d uses seed + d)")
+    a.add_argument("--draws", type=int, default=3,
+                   help="repetitions per point, each its own draw of labelled CTs and training seed (default 3; "
+                   "1: one draw, CIs over the test CTs only)")
     a.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
     a.add_argument("--output-dir", default=None, help="output folder (default: ./runs or $LUNGCAL_HOME)")
     a.add_argument("--num-workers", type=int, default=0, help="parallel workers for bag building")
@@ -344,7 +349,7 @@ def _adapt_curve(args: argparse.Namespace) -> int:
     curve = adaptation_curve(args.run, args.datalist, sizes=sizes, routes=routes, bundle=args.bundle,
                              overrides=_overrides(args.override), epochs=args.epochs, tracking_uri=args.tracking_uri,
                              output_dir=args.output_dir, n_bootstrap=args.n_bootstrap, seed=args.seed,
-                             num_workers=args.num_workers, json_path=args.json)
+                             num_workers=args.num_workers, json_path=args.json, draws=args.draws)
     print(format_curve(curve))
     return 0
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from lungcal.calibration.metrics import paired_bootstrap_diff
+from lungcal.calibration.metrics import draws_bootstrap_diff, paired_bootstrap_diff
 from lungcal.calibration.scaling import calibrated_probs, probabilities, select_calibrator
 from lungcal.cli import main
 from lungcal.engine.site import adaptation as adaptation_module
-from lungcal.engine.site.adaptation import TAG_ADAPTATION, nested_draws
+from lungcal.engine.site.adaptation import TAG_ADAPTATION, adaptation_curve, format_curve, nested_draws
 from lungcal.mil.models import build_mil_model
 from lungcal.tracking import RunTracker
 
@@ -83,7 +83,7 @@ def test_the_curve_scores_every_route_on_the_same_test_cts_with_paired_differenc
     out = site["tmp"] / "curve.json"
     assert main(["adapt-curve", str(site["dl"]), "--run", site["parent"], "--tracking-uri", site["uri"],
                  "--output-dir", str(site["tmp"] / "out"), "--sizes", "50,100,400", "--n-bootstrap", "200",
-                 "--epochs", "3", "--override", "patch_size=8", "--json", str(out)]) == 0
+                 "--epochs", "3", "--override", "patch_size=8", "--json", str(out), "--draws", "1"]) == 0
     printed = capsys.readouterr().out
     assert "sizes left out" in printed and "[400]" in printed
     doc = json.loads(out.read_text())
@@ -112,12 +112,60 @@ def test_the_curve_scores_every_route_on_the_same_test_cts_with_paired_differenc
     first = tr[0]["rows"]
     assert sum(r["split"] == "test" for r in first) == 100
     assert sum(r["split"] == "val" for r in first) == pytest.approx(12.5, abs=1.5)
-    assert tr[0]["epochs"] == 3 and tr[0]["overrides"] == {"patch_size": 8}
+    assert tr[0]["epochs"] == 3 and tr[0]["overrides"] == {"patch_size": 8, "seed": 0}
     client = MlflowClient(site["uri"])
     run = client.get_run(doc["run_id"])
     assert run.data.tags[TAG_ADAPTATION] == "curve"
     assert "recalibrate_50/d_ece" in run.data.metrics
     assert {a.path for a in client.list_artifacts(run.info.run_id, "plots")} == {"plots/adaptation_curve.png"}
+
+
+def test_draws_each_their_own_draw_and_seed_with_contrasts_paired_by_draw(site):
+    curve = adaptation_curve(site["parent"], site["dl"], sizes=[50, 100], tracking_uri=site["uri"],
+                             output_dir=site["tmp"] / "out", n_bootstrap=100, draws=2,
+                             json_path=site["tmp"] / "c.json")
+    assert curve.draws == 2 and len(curve.draw_rows) == 2 * 3 * 2
+    assert [(r["route"], r["n"], r["draw"]) for r in curve.draw_rows[:6]] == [
+        ("recalibrate", 50, 0), ("finetune", 50, 0), ("scratch", 50, 0),
+        ("recalibrate", 50, 1), ("finetune", 50, 1), ("scratch", 50, 1)]
+    # draw d: its own nested draw (seed + d) and its own training seed
+    tr = site["trained"]
+    assert [t["overrides"]["seed"] for t in tr] == [0, 0, 1, 1, 0, 0, 1, 1]
+    pool = [r for r in site["rows"] if r["split"] == "train"] + [r for r in site["rows"] if r["split"] == "val"]
+    for d in (0, 1):
+        drawn = {r["subject"] for r in tr[2 * d]["rows"] if r["split"] != "test"}
+        assert drawn == {r["subject"] for r in nested_draws(pool, [50], seed=d)[50]}
+    assert {r["subject"] for r in tr[0]["rows"]} != {r["subject"] for r in tr[2]["rows"]}
+    # the main rows: the mean over the draws, CIs over draws and test CTs, against shipped as the fixed arm
+    y = np.array(curve.test_labels)
+    stack = lambda route, n: np.array([curve.test_probs[f"{route}/{n}/{d}"] for d in (0, 1)])  # noqa: E731
+    rec = next(r for r in curve.rows if r["route"] == "recalibrate" and r["n"] == 50)
+    assert rec["draws"] == 2 and len(rec["calibrators"]) == 2
+    each = [r["ece"] for r in curve.draw_rows if r["route"] == "recalibrate" and r["n"] == 50]
+    assert rec["ece"] == pytest.approx(np.mean(each))
+    ref = draws_bootstrap_diff("ece", stack("recalibrate", 50), np.array(curve.test_probs["shipped"]), y,
+                               n_bootstrap=100, seed=0, n_bins=10)
+    assert (rec["d_ece"], rec["d_ece_ci_low"], rec["d_ece_ci_high"]) == pytest.approx(
+        (ref["diff"], ref["ci_low"], ref["ci_high"]))
+    # contrasts: each pair of the routes run, later minus earlier, paired by draw
+    assert [(c["n"], c["a"], c["b"]) for c in curve.contrasts] == [
+        (n, a, b) for n in (50, 100) for a, b in (("finetune", "recalibrate"), ("scratch", "recalibrate"),
+                                                   ("scratch", "finetune"))]
+    c = curve.contrasts[0]
+    ref = draws_bootstrap_diff("auc", stack("finetune", 50), stack("recalibrate", 50), y, n_bootstrap=100, seed=0,
+                               n_bins=10)
+    assert (c["d_auc"], c["d_auc_ci_low"], c["d_auc_ci_high"]) == pytest.approx(
+        (ref["diff"], ref["ci_low"], ref["ci_high"]))
+    assert c["d_ece"] > 0 and "d_ece_significant" in c  # the stand-in trainings are the overconfident shipped net
+    same = curve.contrasts[2]  # scratch - finetune: the same stand-in model in every draw
+    assert same["d_auc"] == same["d_auc_ci_low"] == same["d_auc_ci_high"] == 0.0
+    doc = json.loads((site["tmp"] / "c.json").read_text())
+    assert len(doc["draw_rows"]) == 12 and len(doc["contrasts"]) == 6 and doc["draws"] == 2
+    assert not (site["tmp"] / "c.json.partial").exists()
+    printed = format_curve(curve)
+    assert "route against route" in printed and "finetune - recalibrate" in printed
+    run = MlflowClient(site["uri"]).get_run(curve.run_id)
+    assert run.data.params["draws"] == "2" and "contrast_50/finetune_vs_recalibrate/d_ece" in run.data.metrics
 
 
 def test_bad_routes_sizes_and_a_site_without_both_labels_are_one_line_errors(site, capsys):
@@ -126,6 +174,7 @@ def test_bad_routes_sizes_and_a_site_without_both_labels_are_one_line_errors(sit
     assert "magic" in capsys.readouterr().err
     assert main([*base, "--sizes", "5"]) == 2
     assert main([*base, "--sizes", "a,b"]) == 2
+    assert main([*base, "--draws", "0"]) == 2
     rows = [{**r, "label": 0} for r in site["rows"]]
     one = site["tmp"] / "one.json"
     one.write_text(json.dumps({"version": 1, "source": "site:x", "rows": rows}))
