@@ -55,7 +55,8 @@ from threadpoolctl import threadpool_limits
 from lungcal.errors import DataError
 
 __all__ = ["ShiftTest", "ks_statistic", "ks_permutation_test", "mmd_permutation_test", "two_sample_test",
-           "reduce_features", "bbse_prevalence", "prevalence_interval", "matched_reference", "label_shift_test",
+           "reduce_features", "bbse_prevalence", "prevalence_interval", "call_rate_test", "matched_reference",
+           "label_shift_test",
            "range_test", "merge_pvalues", "EmbeddingRange", "DomainEffect", "domain_effect", "EFFECT_AUC",
            "minimum_detectable_auc"]
 
@@ -233,6 +234,31 @@ def prevalence_interval(source_scores: ArrayLike, source_labels: ArrayLike, targ
         return float("nan"), float("nan")
     lo, hi = np.quantile(est, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def call_rate_test(source_scores: ArrayLike, target_scores: ArrayLike) -> ShiftTest:
+    """Did the prevalence :func:`bbse_prevalence` would estimate move? An exact test with both samples' error.
+
+    At any threshold ``t``, BBSE on the labelled source itself gives back the source's own prevalence ``pi``
+    (in-sample, its call fraction is ``mu_s = pi tpr + (1 - pi) fpr`` exactly), so the target's estimate differs
+    from ``pi`` by ``(mu_t - mu_s) / (tpr - fpr)``: whether it moved is whether the share of cases called
+    positive moved. Here ``t`` is the **pooled** median of the two samples, a symmetric function of them, so that
+    under no change (both samples drawn from one law) the target's count above ``t``, given the pooled values, is
+    hypergeometric: Fisher's exact test on the 2 x 2 table (above / not, source / target; two-sided) is exact at
+    every sample size (conservative by its discreteness), and the source's own sampling error (its prevalence
+    ``pi`` and its rates) is in it, which a bootstrap interval of the target's estimate against a fixed ``pi``
+    leaves out (:func:`prevalence_interval`; measured in ``docs/results/hospital.md``, 2026-12-07).
+
+    The statistic is ``mu_t - mu_s`` at the pooled median (no label is needed).
+    """
+    s = np.asarray(source_scores, float).ravel()
+    t_scores = np.asarray(target_scores, float).ravel()
+    if s.size == 0 or t_scores.size == 0:
+        raise DataError("a call-rate test needs scores on both sides", field="scores")
+    cut = float(np.median(np.concatenate([s, t_scores])))
+    a, b = int((s > cut).sum()), int((t_scores > cut).sum())
+    p = float(stats.fisher_exact([[a, s.size - a], [b, t_scores.size - b]]).pvalue)
+    return ShiftTest(b / t_scores.size - a / s.size, min(1.0, p), int(s.size), int(t_scores.size))
 
 
 def matched_reference(source_labels: ArrayLike, prevalence: float, rng: np.random.Generator) -> np.ndarray:

@@ -6,6 +6,8 @@ known by construction.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -15,6 +17,7 @@ from lungcal.calibration.shift import (
     EFFECT_AUC,
     EmbeddingRange,
     bbse_prevalence,
+    call_rate_test,
     domain_effect,
     ks_permutation_test,
     ks_statistic,
@@ -68,6 +71,28 @@ def test_bbse_recovers_the_target_prevalence_and_its_interval_covers_it():
     chance = rng.normal(size=400)  # a model that does not rank: nothing to estimate
     assert np.isnan(bbse_prevalence(chance, (chance > 10).astype(int) | (np.arange(400) % 2), chance,
                                     threshold=100.0))
+
+
+def test_the_call_rate_test_is_exact_with_both_samples_error_and_is_the_move_of_the_bbse_estimate():
+    rng = np.random.default_rng(11)
+    # under no change, a fresh source each time: Fisher at the pooled median rejects at most alpha (conservative)
+    rejected = []
+    for _ in range(2000):
+        s, _ = _scores(rng, 300, 0.3)
+        t, _ = _scores(rng, 50, 0.3)
+        rejected.append(call_rate_test(s, t).pvalue < 0.05)
+    assert np.mean(rejected) <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 2000)
+    # its statistic is the move of the call fraction, and BBSE's estimate moves by it over tpr - fpr
+    s, y = _scores(rng, 400, 0.3)
+    t, _ = _scores(rng, 200, 0.5)
+    res = call_rate_test(s, t)
+    cut = float(np.median(np.concatenate([s, t])))
+    tpr, fpr = (s[y == 1] > cut).mean(), (s[y == 0] > cut).mean()
+    assert res.statistic == pytest.approx((t > cut).mean() - (s > cut).mean())
+    assert bbse_prevalence(s, y, t, threshold=cut) - y.mean() == pytest.approx(res.statistic / (tpr - fpr))
+    assert res.pvalue < 0.05 and res.n_source == 400 and res.n_target == 200
+    with pytest.raises(DataError):
+        call_rate_test([], t)
 
 
 def test_the_matched_reference_has_the_target_class_ratio_and_is_as_large_as_it_can_be():

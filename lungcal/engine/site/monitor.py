@@ -62,7 +62,7 @@ from lungcal.engine.site.monitoring import (
     false_alarm_rate,
     make_chunks,
     parse_chunk,
-    reference_draw,
+    reference_splits,
     run_alerts,
 )
 from lungcal.engine.site.site_check import json_ready
@@ -192,7 +192,8 @@ def monitor(run: str, datalist: str | Path, *, site: str | None = None, chunk: s
             guarantee: its threshold and ``1 - miss rate``).
         qc: series-check thresholds (default: the bundles'); a CT that fails one is left out and reported.
         false_alarm_years: also measure the rule's false-alarm rate over that many simulated stable years, chunks
-            drawn from the site's calibration CTs (0: not measured in this pass; the bound is stated).
+            drawn from the site's calibration CTs, each year a fresh random split of them into reference and pool
+            (0: not measured in this pass; the bound is stated).
 
     Raises:
         ConfigError: an unknown run, a run that is a checkpoint, a site without a recalibration run.
@@ -282,8 +283,7 @@ def monitor(run: str, datalist: str | Path, *, site: str | None = None, chunk: s
     if false_alarm_years > 0 and site_ref is not None:
         sizes = [c.n for c in chunks if c.n >= MIN_CHUNK_CTS]
         ref_p1 = calibrated_probs(cal, np.stack([np.zeros_like(site_ref.scores), site_ref.scores], 1))[:, 1]
-        part, draw = reference_draw(site_ref, ref_p1, seed=seed)
-        false_alarms = false_alarm_rate(part, draw, rule, threshold=threshold,
+        false_alarms = false_alarm_rate(reference_splits(site_ref, ref_p1), None, rule, threshold=threshold,
                                         n_per_chunk=int(np.median(sizes)) if sizes else MIN_CHUNK_CTS,
                                         n_years=int(false_alarm_years), n_subsamples=n_subsamples, seed=seed)
     res = Monitoring(site=site, model=stage1.run.info.run_id, site_run=site_run.info.run_id,
@@ -449,7 +449,7 @@ def format_report(res: Monitoring) -> str:
     if fa is not None:
         lines.append(f"  measured      {fa['years_with_alert']} of {fa['years']} simulated stable years raised an "
                      f"alert ({_ci(fa['rate'], fa['ci'])}; {fa['n_per_chunk']} CTs a chunk, drawn from the site's "
-                     f"calibration CTs)")
+                     f"calibration CTs, a fresh split into reference and chunks each year)")
     else:
         lines.append("  measured      not in this pass (--false-alarm-years N; docs/hospital.md gives it)")
     for note in res.notes:
