@@ -118,13 +118,14 @@ def site(tmp_path, monkeypatch):
     # the site check of the label-free routes (tested in test_site_check.py): a verdict, or an error, per test
     check = {"result": _site_check_result(COMPARABLE), "calls": []}
 
-    def fake_site_check(run, path, **kw):
-        check["calls"].append({"run": run, "path": Path(path), **kw})
+    def fake_check_scored(stage1, scores, features, stats, **kw):
+        run = stage1.run.info.run_id if stage1.run is not None else None  # None: a checkpoint file
+        check["calls"].append({"run": run, "n": len(scores), "n_stats": len(stats), **kw})
         if isinstance(check["result"], Exception):
             raise check["result"]
         return check["result"]
 
-    monkeypatch.setattr(recalibrate_module, "site_check", fake_site_check)
+    monkeypatch.setattr(recalibrate_module, "check_scored", fake_check_scored)
     return {"datalist": dl, "checkpoint": ck, "uri": uri, "parent": parent, "fake": fake, "tmp": tmp_path,
             "check": check}
 
@@ -639,12 +640,12 @@ def test_a_scanner_shift_refuses_the_label_free_routes_in_one_line_naming_the_va
             f"{site['datalist']}") in line and "fine-tune on the site's labels" in line
     assert "--force" in line and "c0ffee0000000000" in line
     _no_run_left(site)
-    # the check ran, logged, on the datalist's val and test rows
+    # the check ran, logged, on the datalist's val and test CTs as the recalibration scored them (once)
     (call,) = site["check"]["calls"]
     assert call["run"] == site["parent"] and call["log"] is True and call["tracking_uri"] == site["uri"]
-    checked = json.loads(call["path"].read_text())
-    assert sorted({r["split"] for r in checked["rows"]}) == ["test", "val"] and len(checked["rows"]) == 20
-    assert checked["source"] == "site:site-b"
+    n_scored = len(site["fake"]["val"][1]) + len(site["fake"]["test"][1])
+    assert call["n"] == n_scored and call["n_stats"] == 20  # the fake scores 400 a split; 10 val + 10 test rows
+    assert Path(call["path"]) == site["datalist"]
 
 
 def test_the_unlabelled_cts_are_checked_themselves_before_em_runs_on_them(site, capsys, tmp_path, monkeypatch):
@@ -655,14 +656,13 @@ def test_the_unlabelled_cts_are_checked_themselves_before_em_runs_on_them(site, 
     unl.write_text(json.dumps({"rows": [{"image": "ct0.nii.gz"}, {"image": "ct1.nii.gz"}]}))
     calls = []
 
-    def by_rows(run, path, **kw):
-        rows = json.loads(Path(path).read_text())["rows"]
-        calls.append(rows)
-        shifted = all("split" not in r for r in rows)  # the unlabelled CTs have no split
+    def by_rows(stage1, scores, features, stats, **kw):
+        calls.append(stats)
+        shifted = Path(kw["path"]) == unl  # the unlabelled CTs, checked on their own
         return _site_check_result(SCANNER_SHIFT if shifted else COMPARABLE, [SHIFT_REASON] if shifted else [],
                                   run_id="feed000000000000" if shifted else "c0ffee0000000000")
 
-    monkeypatch.setattr(recalibrate_module, "site_check", by_rows)
+    monkeypatch.setattr(recalibrate_module, "check_scored", by_rows)
     capsys.readouterr()
     assert _cli(site, "--method", "prior", "--unlabelled", str(unl), "--n-bootstrap", "0") == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("lungcal")]

@@ -37,9 +37,10 @@ cancers is refused first, and so is one whose CTs trained the model or chose its
 (:mod:`lungcal.engine.site.certify_split`: the fine-tune route's val split).
 
 **The site check guards the label-free routes.** A prior adjustment (``--prevalence``, ``--unlabelled``)
-assumes that only the prevalence changed. Before either is fitted, ``lungcal site-check``
-(:func:`lungcal.engine.site.site_check.site_check`, logged as its own MLflow run) is run on the datalist's
-``val`` and ``test`` rows: the CTs the adjustment is evaluated on, drawn from the population it will be
+assumes that only the prevalence changed. Before either is fitted, ``lungcal site-check``'s statistics
+(:func:`lungcal.engine.site.site_check.check_scored`, logged as its own MLflow run) run on the datalist's
+``val`` and ``test`` CTs as this recalibration screened and scored them (each CT is screened and scored once):
+the CTs the adjustment is evaluated on, drawn from the population it will be
 applied to (the train split is not used by a recalibration). With ``--unlabelled``, the unlabelled CTs
 that EM runs on are checked too, on their own (a shift among them must not be diluted by val and test):
 params ``site_check_unlabelled``, ``site_check_run_unlabelled``; either check refuses alike. The val and test
@@ -86,16 +87,16 @@ from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.candidates.cache import BagParams, masker_from_config
 from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
 from lungcal.ct.qc import QCConfig
-from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split, save_manifest
+from lungcal.data.manifest import load_manifest, manifest_source, rows_for_split
 from lungcal.engine.data.series_qc import acquisitions, keep_passing, screen
 from lungcal.engine.data.unlabelled import unlabelled_rows
 from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, UNCHECKED, reference_calibrator
-from lungcal.engine.evaluate.reports import evaluate_probs, log_site_reference, log_split
+from lungcal.engine.evaluate.reports import binary_scores, evaluate_probs, flat_features, log_site_reference, log_split
 from lungcal.engine.infer.scoring import score_rows
 from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.engine.site.certify_split import certify_check
 from lungcal.engine.site.recalibrate_summary import format_summary
-from lungcal.engine.site.site_check import MIN_SITE_CTS, ROUTES, SCANNER_SHIFT, site_check
+from lungcal.engine.site.site_check import MIN_SITE_CTS, ROUTES, SCANNER_SHIFT, check_scored
 from lungcal.engine.site.subgroups import ct_groups, subgroup_rows
 from lungcal.engine.site.threshold import (
     SiteThreshold,
@@ -195,6 +196,16 @@ def _screen(rows: list[dict], bag_params, qc: QCConfig | None, out_dir: Path, nu
     return kept, skipped, kept_acq
 
 
+def _check_stats(rows: list[dict], acq: list[AcquisitionStats | None], qc: QCConfig | None, out_dir: Path,
+                 num_workers: int) -> list[AcquisitionStats | None]:
+    """The acquisition statistics the site check compares: those the series checks measured, or, with the checks
+    off (``--no-qc``), measured by the default checks anyway (a site check always reads them; no CT is left
+    out for it)."""
+    if qc is not None:
+        return acq
+    return acquisitions(screen(rows, DEFAULT_QC, out_dir / "cache" / "qc", num_workers=num_workers))
+
+
 def _source_prior(uri: str, stage1, ref_run, explicit: float | None) -> tuple[float, str]:
     """The prevalence the shipped probabilities are calibrated to, and where it came from."""
     if explicit is not None:
@@ -292,23 +303,24 @@ def _valid_routes(model: str, datalist: Path) -> str:
                      if not r.startswith("not valid"))
 
 
-def guard_label_free(model: str, datalist: Path, rows: list[dict] | Path, *, force: bool, route: str,
-                     tracking_uri: str, out_dir: Path, qc: QCConfig | None, num_workers: int,
-                     what: str = "val and test") -> dict[str, Any]:
-    """Run the site check on ``rows`` (the datalist's val and test rows; or a path the check reads as it is, the
-    ``--unlabelled`` CTs: ``what`` names them) before a label-free route (module doc).
+def guard_label_free(stage1, datalist: Path, path: Path, scored: list[Mapping[str, Any]],
+                     stats: Sequence[AcquisitionStats | None], *, force: bool, route: str, tracking_uri: str,
+                     out_dir: Path, qc_skipped: int = 0, what: str = "val and test") -> dict[str, Any]:
+    """The site check of CTs this recalibration has screened and scored itself (``scored``: the outputs of
+    :func:`score_rows`, one per group, concatenated in order; ``stats``: their acquisition statistics), before a
+    label-free route (module doc): the datalist's val and test CTs, or the ``--unlabelled`` CTs (``what`` names
+    them, ``path`` is where they came from). Each CT is screened and scored once
+    (:func:`~lungcal.engine.site.site_check.check_scored`), the check logged as its own MLflow run.
 
     Returns ``{"verdict", "run", "forced"}``; raises ConfigError (exit code 2) on ``scanner_shift`` or when
     no check can run, unless ``force``.
     """
-    if isinstance(rows, Path):
-        subset = rows
-    else:  # the rows to check, as a datalist of their own (local, beside the caches; never logged)
-        subset = save_manifest(rows, out_dir / "recalibration" / "site_check" / f"{datalist.stem}-val-test.json",
-                               source=manifest_source(datalist))
     try:
-        res = site_check(model, subset, tracking_uri=tracking_uri, output_dir=out_dir, qc=qc or DEFAULT_QC,
-                         num_workers=num_workers, log=True)
+        scores = np.concatenate([binary_scores(sc["logits"]) for sc in scored])
+        feats = [sc.get("features") for sc in scored]
+        features = None if any(f is None for f in feats) else np.concatenate([flat_features(f) for f in feats])
+        res = check_scored(stage1, scores, features, stats, tracking_uri=tracking_uri, output_dir=out_dir,
+                           path=path, qc_skipped=qc_skipped, log=True)
     except (DataError, ConfigError) as exc:
         if not force:
             raise ConfigError(f"{route} needs a site check first, and it could not run: {exc.message.rstrip('.')}; "
@@ -320,6 +332,7 @@ def guard_label_free(model: str, datalist: Path, rows: list[dict] | Path, *, for
         print(f"  WARNING --force: {route} runs without a site check ({exc.message.rstrip('.')}); the run is tagged "
               f"{TAG_FORCED}={UNCHECKED}", flush=True)
         return {"verdict": UNCHECKED, "run": None, "forced": UNCHECKED}
+    model = stage1.run.info.run_id if stage1.run is not None else stage1.run_id
     reason = res.reasons[0] if res.reasons else "see the site check's run"
     if res.verdict == SCANNER_SHIFT:
         if not force:
@@ -410,33 +423,39 @@ def recalibrate(model: str, datalist: str | Path, *, method: str = "auto", preva
                  if levels is not None else None)
     source = None
     checked = None
-    if prevalence is not None or unl_rows is not None:
+    label_free = prevalence is not None or unl_rows is not None
+    if label_free:  # before any CT is screened: a run without a source prior is refused at once
         source = _source_prior(uri, stage1, ref_run, source_prevalence)
-        route = "--prevalence" if prevalence is not None else "--unlabelled"
-        checked = guard_label_free(str(model), datalist, val_rows + test_rows, force=force, route=route,
-                                   tracking_uri=uri, out_dir=out_dir, qc=qc, num_workers=num_workers)
-        if unlabelled is not None:  # EM runs on the unlabelled CTs: they are checked themselves, not only val and test
-            unl_checked = guard_label_free(str(model), datalist, Path(unlabelled).expanduser(), force=force,
-                                           route="--unlabelled", tracking_uri=uri, out_dir=out_dir, qc=qc,
-                                           num_workers=num_workers, what="unlabelled")
-            checked["unlabelled"] = unl_checked
-            checked["forced"] = checked["forced"] or unl_checked["forced"]
     ref_cal = reference_calibrator(uri, run) if run is not None else None
     ref_name = getattr(ref_cal, "name", None)
     site = site or site_from_rows
     cache = out_dir / "cache" / "bags"
     skipped = {}
     val_rows, skipped["val"], val_acq = _screen(val_rows, bag_params, qc, out_dir, num_workers, "val")
-    test_rows, skipped["test"], _ = _screen(test_rows, bag_params, qc, out_dir, num_workers, "test")
-    if unl_rows is not None:
-        unl_rows, skipped["unlabelled"], _ = _screen(unl_rows, bag_params, qc, out_dir, num_workers, "unlabelled")
+    test_rows, skipped["test"], test_acq = _screen(test_rows, bag_params, qc, out_dir, num_workers, "test")
     _site_labels(val_rows, test_rows, datalist)
     if levels is not None:  # and again once the series checks have left CTs out, before any bag is scored
         check_cancers(test_rows if cert == "test" else val_rows, *levels, datalist, kind, cert)
     val, test = (score_rows(net, r, bag_params, None, cache_dir=cache, num_workers=num_workers)
                  for r in (val_rows, test_rows))
-    unl = None if unl_rows is None else score_rows(net, unl_rows, bag_params, None, cache_dir=cache,
-                                                   num_workers=num_workers)
+    if label_free:  # the site check on the CTs just scored (each CT is screened and scored once)
+        route = "--prevalence" if prevalence is not None else "--unlabelled"
+        checked = guard_label_free(stage1, datalist, datalist, [val, test],
+                                   _check_stats(val_rows + test_rows, val_acq + test_acq, qc, out_dir, num_workers),
+                                   force=force, route=route, tracking_uri=uri, out_dir=out_dir,
+                                   qc_skipped=len(skipped["val"]) + len(skipped["test"]))
+    unl = None
+    if unl_rows is not None:  # EM runs on the unlabelled CTs: they are checked themselves, not only val and test
+        assert checked is not None and unlabelled is not None
+        unl_rows, skipped["unlabelled"], unl_acq = _screen(unl_rows, bag_params, qc, out_dir, num_workers,
+                                                           "unlabelled")
+        unl = score_rows(net, unl_rows, bag_params, None, cache_dir=cache, num_workers=num_workers)
+        unl_checked = guard_label_free(stage1, datalist, Path(unlabelled).expanduser(), [unl],
+                                       _check_stats(unl_rows, unl_acq, qc, out_dir, num_workers),
+                                       force=force, route="--unlabelled", tracking_uri=uri, out_dir=out_dir,
+                                       qc_skipped=len(skipped["unlabelled"]), what="unlabelled")
+        checked["unlabelled"] = unl_checked
+        checked["forced"] = checked["forced"] or unl_checked["forced"]
 
     chosen_local, fitted, cv_nll = _fit_local(method, val, seed)
     probs: dict[str, np.ndarray] = {"uncalibrated": probabilities(test["logits"])}

@@ -267,22 +267,14 @@ def site_check(run: str, path: str | Path, *, tracking_uri: str | None = None, o
     out_dir = Path(output_dir).expanduser().resolve() if output_dir else default_output_dir()
     uri = tracking_uri or default_tracking_uri(out_dir)
     stage1 = load_stage1(str(run), uri, field="--run")
-    if stage1.run is None:
-        raise ConfigError("a site check needs the model as an MLflow run (its training data's summary is there)",
-                          field="--run", fix="pass the stage-1 run id, not a checkpoint file")
+    _needs_run(stage1)
     cache = out_dir / "cache" / "bags"
-    stored = run_site_reference(uri, stage1.run.info.run_id)
-    if stored is not None:
-        ref = Reference(np.asarray(stored["scores"], float), np.asarray(stored["labels"]).astype(int),
-                        flat_features(stored["features"]) if stored.get("features") is not None else None,
-                        "the run's validation split (data/site_reference.npz)").check()
-    elif reference is not None:
+    ref = stored_reference(uri, stage1.run.info.run_id)
+    if ref is None and reference is not None:
         ref = reference_from_datalist(stage1.network, reference, stage1.bag_params, cache_dir=cache,
                                       num_workers=num_workers, qc=qc or QCConfig(), out_dir=out_dir)
-    else:
-        raise ConfigError(f"run {stage1.run_id} logged no site reference (it was trained before site checks)",
-                          field="--run", fix="pass --reference <the datalist it was trained on>, or retrain")
-    summary = run_acquisition_summary(uri, stage1.run.info.run_id)
+    elif ref is None:
+        raise _no_reference(stage1)
     stored_masker = BagParams.from_any(stage1.bag_params).preprocess.get("masker")  # None: the default masker
     reports = screen(rows, qc or QCConfig(), out_dir / "cache" / "qc", num_workers=num_workers,
                      masker=masker_from_config(stored_masker) if stored_masker else None)
@@ -293,31 +285,83 @@ def site_check(run: str, path: str | Path, *, tracking_uri: str | None = None, o
                         f"the model's: a site check needs at least {MIN_SITE_CTS}", file=path,
                         fix="run `lungcal qc` on the site's CTs to see why the others fail, or add CTs")
     sc = score_rows(stage1.network, kept, stage1.bag_params, None, cache_dir=cache, num_workers=num_workers)
-    scores = binary_scores(sc["logits"])
     features = flat_features(sc["features"]) if sc.get("features") is not None else None
-    stats = acquisitions(kept_reports)
+    return check_scored(stage1, binary_scores(sc["logits"]), features, acquisitions(kept_reports),
+                        tracking_uri=uri, output_dir=out_dir, path=path, site=site or site_from_rows, alpha=alpha,
+                        reference=ref, qc_skipped=len(skipped), n_resamples=n_resamples,
+                        n_subsamples=n_subsamples, seed=seed, json_path=json_path, log=log, experiment=experiment)
+
+
+def stored_reference(uri: str, run_id: str) -> Reference | None:
+    """The reference a stage-1 run logged (``data/site_reference.npz``), or None for a run that logged none."""
+    stored = run_site_reference(uri, run_id)
+    if stored is None:
+        return None
+    return Reference(np.asarray(stored["scores"], float), np.asarray(stored["labels"]).astype(int),
+                     flat_features(stored["features"]) if stored.get("features") is not None else None,
+                     "the run's validation split (data/site_reference.npz)").check()
+
+
+def _no_reference(stage1) -> ConfigError:
+    return ConfigError(f"run {stage1.run_id} logged no site reference (it was trained before site checks)",
+                       field="--run", fix="pass --reference <the datalist it was trained on>, or retrain")
+
+
+def _needs_run(stage1) -> None:
+    if stage1.run is None:
+        raise ConfigError("a site check needs the model as an MLflow run (its training data's summary is there)",
+                          field="--run", fix="pass the stage-1 run id, not a checkpoint file")
+
+
+def check_scored(stage1, scores: np.ndarray, features: np.ndarray | None,
+                 stats: Sequence[AcquisitionStats | None], *, tracking_uri: str, output_dir: Path, path: Path,
+                 site: str | None = None, alpha: float = 0.05, reference: Reference | None = None,
+                 qc_skipped: int = 0, n_resamples: int = 1000, n_subsamples: int = 20, seed: int = 0,
+                 json_path: str | Path | None = None, log: bool = True,
+                 experiment: str = CT_EXPERIMENT) -> SiteCheck:
+    """The site check of CTs already screened and scored by ``stage1``'s network (their scores, pooled bag
+    embeddings and acquisition statistics, one per CT, in order): what :func:`site_check` does after scoring, and
+    what ``lungcal recalibrate`` asks of the CTs it has scored itself, so that each CT is screened and scored
+    once. ``reference``: the source side (default: the run's ``data/site_reference.npz``); ``path``: the CTs'
+    datalist or folder (its source names the run's dataset tag; never logged as a path).
+
+    Raises:
+        ConfigError: a model that is no run, or a run without a reference and no ``reference``.
+        DataError: fewer than :data:`MIN_SITE_CTS` CTs.
+    """
+    _needs_run(stage1)
+    if len(scores) < MIN_SITE_CTS:
+        raise DataError(f"{len(scores)} CTs pass the series checks, too few to tell a site's data from the model's: "
+                        f"a site check needs at least {MIN_SITE_CTS}", file=path,
+                        fix="run `lungcal qc` on the site's CTs to see why the others fail, or add CTs")
+    uri = tracking_uri
+    ref = reference if reference is not None else stored_reference(uri, stage1.run.info.run_id)
+    if ref is None:
+        raise _no_reference(stage1)
+    summary = run_acquisition_summary(uri, stage1.run.info.run_id)
+    scores = np.asarray(scores, float)
     acq = acquisition_checks(summary, stats)
     found = assess(ref, scores, features, acq, alpha=alpha, n_resamples=n_resamples, n_subsamples=n_subsamples,
                    seed=seed)
-    site = site or site_from_rows
-    subjects = [f"c{i:04d}" for i in range(len(kept))]  # positional pseudonyms: no site id reaches a log
+    subjects = [f"c{i:04d}" for i in range(len(scores))]  # positional pseudonyms: no site id reaches a log
     model = stage1.run.info.run_id
     routes = [{"route": r.format(run=model, site=SITE_PLACEHOLDER), "needs": n} for r, n in ROUTES[found["verdict"]]]
-    res = SiteCheck(verdict=found["verdict"], alpha=alpha, n=len(kept), n_reference=len(ref.scores),
+    res = SiteCheck(verdict=found["verdict"], alpha=alpha, n=len(scores), n_reference=len(ref.scores),
                     source_prevalence=found["source_prevalence"], prevalence=found["prevalence"],
                     prevalence_ci=found["prevalence_ci"], tests=found["tests"], acquisition=acq,
                     per_ct=per_ct(subjects, stats, summary, ref, features), reasons=found["reasons"], routes=routes,
-                    site=site, model=model, qc_skipped=len(skipped), reference_source=ref.source,
+                    site=site or "unknown", model=model, qc_skipped=qc_skipped, reference_source=ref.source,
                     acquisition_source="the run's training split (data/acquisition.json)" if summary is not None
                     else "none: the run logged no acquisition summary, only the model's outputs were compared",
-                    tracking_uri=uri, site_path=str(path) if path.suffix == ".json" else None,
+                    tracking_uri=uri, site_path=str(path) if Path(path).suffix == ".json" else None,
                     effect=found.get("effect"))
     target = Path(json_path).expanduser() if json_path is not None else None
     if target is not None:
         res.json_path = str(target)
         atomic_write_text(target, _json(res))
     if log:
-        _log_run(res, ref, scores, stats, summary, path, experiment, out_dir, stage1.stage1_name(TAG_STAGE1))
+        _log_run(res, ref, scores, stats, summary, Path(path), experiment, Path(output_dir),
+                 stage1.stage1_name(TAG_STAGE1))
         if target is not None:  # again, now with the run id
             atomic_write_text(target, _json(res))
     return res
