@@ -41,15 +41,17 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 
 import numpy as np
+import pydicom
 import SimpleITK as sitk
 
 from lungcal.errors import DataError
 
 __all__ = ["CT_SUFFIXES", "MAX_LABELS", "Found", "find_cts", "case_ct", "image_kind", "is_dicom_file",
-           "is_dicom_folder", "holds_dicom"]
+           "is_dicom_folder", "holds_dicom", "dicom_study_date"]
 
 #: the volume file types lungcal reads (DICOM comes as a folder)
 CT_SUFFIXES = (".nii", ".nii.gz", ".mha", ".mhd", ".nrrd", ".nhdr")
@@ -171,6 +173,41 @@ def find_cts(path: str | os.PathLike, field: str | None = None) -> Found:
     if why is not None:
         raise DataError(why, file=path, field=field, fix="pass the CT image itself, not its mask or annotation")
     return Found([path.absolute()])
+
+
+def dicom_study_date(path: str | os.PathLike) -> str | None:
+    """A DICOM CT's ``StudyDate`` as ``YYYY-MM-DD``: read from the first DICOM file (in name order) of the folder
+    ``path`` (or from the file ``path``), its header only (pixels not read); ``None`` for a CT that is not DICOM,
+    a header that cannot be read, or a date that is absent or not a valid ``YYYYMMDD``. The date is a patient
+    identifier: it is returned, never logged."""
+    p = Path(str(path))
+    first = None
+    if p.is_file() and is_dicom_file(p):
+        first = p
+    elif p.is_dir():
+        for root, dirs, files in os.walk(str(p)):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            hit = next((Path(root) / f for f in sorted(files)
+                        if not f.startswith(".") and is_dicom_file(Path(root) / f)), None)
+            if hit is not None:
+                first = hit
+                break
+    if first is None:
+        return None
+    try:
+        ds = pydicom.dcmread(first, stop_before_pixels=True, specific_tags=["StudyDate"])
+        # the raw bytes, not the DA value: converting a malformed date makes pydicom log and warn it, value and all
+        raw = ds.get_item("StudyDate")
+        value = getattr(raw, "value", None)
+        text = (value.decode("ascii", "replace") if isinstance(value, bytes) else str(value or "")).strip()
+    except Exception:  # an unreadable header: no date, the series checks say why later
+        return None
+    if len(text) != 8 or not text.isdigit():
+        return None
+    try:
+        return date(int(text[:4]), int(text[4:6]), int(text[6:])).isoformat()
+    except ValueError:
+        return None
 
 
 def case_ct(path: str | os.PathLike, field: str | None = None) -> Path:

@@ -2,8 +2,11 @@
 
 The CSV has a header with the columns ``subject_id, image, label`` and optionally ``split`` and
 ``study_date`` (other columns are ignored). ``study_date``, the CT's acquisition date (``YYYY-MM-DD`` or DICOM's
-``YYYYMMDD``), is written to the row as ``YYYY-MM-DD`` for ``lungcal monitor``, which groups CTs by it; a date is a
-patient identifier, so it stays in the datalist (never logged, never in an error message).
+``YYYYMMDD``), is written to the row as ``YYYY-MM-DD`` for ``lungcal monitor``, which groups CTs by it; where the
+CSV gives none and the CT is a DICOM series (or file), it is read from the series' DICOM ``StudyDate``
+(:func:`dicom_study_date`: one header, pixels not read; a missing or malformed ``StudyDate`` leaves the row without
+one). A date is a patient identifier, so it stays in the datalist (never logged, never in an error message; the
+log counts the rows dated from DICOM, nothing more).
 
 ``image`` is a DICOM series folder, a NIfTI/MHD/MHA/NRRD file, or a case folder holding one CT file beside its
 masks and annotations (read as ``lungcal qc`` reads a folder: :func:`lungcal.data.folder.case_ct`; the row
@@ -33,7 +36,7 @@ from pathlib import Path
 
 from lungcal.errors import DataError
 
-from .folder import case_ct
+from .folder import case_ct, dicom_study_date
 from .manifest import save_manifest, validate_rows
 from .splits import SPLITS, apply_splits, get_salt, pseudonym
 
@@ -146,8 +149,8 @@ def _label(value: str, path: Path, i: int) -> int:
 
 def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLike | None = None,
                 salt: str | None = None, seed: int = 0, fractions: Sequence[float] = (0.6, 0.2, 0.2),
-                check_files: bool = True) -> list[dict]:
-    """Import a site CSV (``subject_id,image,label[,split]``) as datalist rows.
+                check_files: bool = True, dicom_dates: bool = True) -> list[dict]:
+    """Import a site CSV (``subject_id,image,label[,split][,study_date]``) as datalist rows.
 
     Args:
         csv_path: the CSV; relative image paths resolve against its folder.
@@ -157,6 +160,7 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
         seed: split seed.
         fractions: train/val/test fractions for subjects without a split.
         check_files: check that every image exists.
+        dicom_dates: fill ``study_date`` from a DICOM CT's ``StudyDate`` where the CSV gives none.
 
     Returns:
         validated rows ``{image (absolute), label, subject, site, split[, study_date]}``.
@@ -172,6 +176,7 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
     salt = get_salt() if salt is None else salt
     rows = []
     seen: dict[tuple[str, str], int] = {}
+    from_dicom = 0
     for i, r in enumerate(raw):
         if not any(r.values()):  # a line of bare delimiters, as Excel leaves below the table
             continue
@@ -200,7 +205,14 @@ def import_site(csv_path: str | os.PathLike, site: str, *, out: str | os.PathLik
                "subject": pseudonym(r["subject_id"], salt), "site": str(site), "split": split}
         if r.get("study_date"):
             row["study_date"] = _study_date(r["study_date"], path, i)
+        elif dicom_dates:
+            found = dicom_study_date(img)
+            if found is not None:
+                row["study_date"] = found
+                from_dicom += 1
         rows.append(row)
+    if from_dicom:
+        log.info("%s: %d of %d rows dated from their DICOM StudyDate", path.name, from_dicom, len(rows))
     rows = apply_splits(rows, fractions, seed=seed, keep_existing=True) if any(not r["split"] for r in rows) else rows
     # a subject given two different splits in the CSV is caught here, naming the row
     rows = validate_rows(rows, file=path, check_files=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -117,6 +118,35 @@ def test_import_site_keeps_a_study_date_column_for_the_monitor(tmp_path):
     with pytest.raises(DataError, match="YYYY-MM-DD") as err:
         import_site(bad, "upmc", salt="k")
     assert err.value.row == 0 and err.value.field == "study_date" and "2031" not in str(err.value)
+
+
+def test_import_site_dates_a_dicom_ct_from_its_study_date_and_says_it_nowhere_else(tmp_path, caplog):
+    """A row without a CSV date whose CT is a DICOM series takes the series' StudyDate; the CSV's date wins where
+    given; a NIfTI CT, or a DICOM StudyDate that is not a date, leaves the row undated. Privacy: the date reaches
+    the datalist's study_date and nothing else (not the log, not another field)."""
+    ids = [fake_identifiers(np.random.default_rng(k)) for k in range(3)]
+    for k, (name, study_date) in enumerate([("d1", "20310305"), ("d2", "20310412"), ("d3", "2031-05")]):
+        vol = np.random.default_rng(k).integers(-1000, 400, (16, 16, 3)).astype(np.int16)
+        write_dicom_series(vol, (0.0, 0.0, 0.0), (1.0, 1.0, 2.0), tmp_path / "imgs" / name,
+                           {**ids[k], "StudyDate": study_date})
+    csv = _site(tmp_path, ["MRN1,imgs/d1,1,test,", "MRN2,imgs/d2,0,test,2031-06-01", "MRN3,imgs/a.nii.gz,0,test,",
+                           "MRN4,imgs/d3,0,test,"], "subject_id,image,label,split,study_date")
+    caplog.clear()  # (writing the malformed date above made pydicom warn it)
+    with caplog.at_level(logging.DEBUG), warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor any warning (pydicom's would carry the value)
+        rows = import_site(csv, "upmc", salt="k", out=tmp_path / "dl.json")
+    assert [r.get("study_date") for r in rows] == ["2031-03-05", "2031-06-01", None, None]
+    assert "1 of 4 rows dated from their DICOM StudyDate" in caplog.text
+    assert not any(d in caplog.text for d in ("2031", "20310305", "2031-03-05"))
+    written = json.loads((tmp_path / "dl.json").read_text())
+    dated = [r for r in written["rows"] if "study_date" in r]
+    assert [r["study_date"] for r in dated] == ["2031-03-05", "2031-06-01"]
+    assert not any("2031" in str(v) for r in written["rows"] for k, v in r.items() if k != "study_date")
+    assert [r.get("study_date") for r in import_site(csv, "upmc", salt="k", dicom_dates=False)] == [
+        None, "2031-06-01", None, None]
+    # a CSV without the study_date column at all: the DICOM date still fills it
+    no_col = _site(tmp_path, ["MRN1,imgs/d1,1,test"])
+    assert import_site(no_col, "upmc", salt="k")[0]["study_date"] == "2031-03-05"
 
 
 @pytest.mark.parametrize("lines, header, row, field, match", [

@@ -138,8 +138,10 @@ def test_dates_chunks_and_bad_rows_are_said_in_one_line_naming_the_row_never_the
     kept, problems = dated_rows(rows)
     assert kept == [(0, date(2031, 1, 30)), (3, date(2031, 4, 2))]
     assert problems == ["row 1: study_date in an unknown format: left out (use YYYY-MM-DD or DICOM's YYYYMMDD)",
-                        "row 2: no study_date: left out (import-site copies it from the site CSV's study_date column)",
-                        "row 4: no study_date: left out (import-site copies it from the site CSV's study_date column)"]
+                        "row 2: no study_date: left out (import-site copies it from the site CSV's study_date column, "
+                        "or a DICOM CT's StudyDate)",
+                        "row 4: no study_date: left out (import-site copies it from the site CSV's study_date column, "
+                        "or a DICOM CT's StudyDate)"]
     assert not any("2031" in p for p in problems)
 
     dates = [date(2031, 3, 9), date(2031, 1, 2), date(2031, 3, 1), date(2031, 1, 31)]

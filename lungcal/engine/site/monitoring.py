@@ -73,7 +73,8 @@ __all__ = ["DATE_COLUMN", "MONTH", "MIN_CHUNK_CTS", "Chunk", "AlertRule", "parse
            "make_chunks", "check_chunk", "estimate_chunk", "observed_chunk", "chunk_statistics", "chunk_alerts",
            "run_alerts", "false_alarm_rate", "reference_draw", "reference_splits", "ChunkDraw", "DrawFn", "SiteDraw"]
 
-#: the datalist column holding a CT's acquisition date (``lungcal import-site`` copies the site CSV's ``study_date``)
+#: the datalist column holding a CT's acquisition date (``lungcal import-site`` copies the site CSV's ``study_date``,
+#: or a DICOM CT's ``StudyDate`` where the CSV gives none)
 DATE_COLUMN = "study_date"
 #: ``--chunk month``: one chunk per calendar month
 MONTH = "month"
@@ -129,7 +130,7 @@ def dated_rows(rows: Sequence[Mapping[str, Any]], column: str = DATE_COLUMN) -> 
         value = r.get(column)
         if value is None or (isinstance(value, str) and not value.strip()):
             problems.append(f"row {i}: no {column}: left out (import-site copies it from the site CSV's "
-                            f"{column} column)")
+                            f"{column} column, or a DICOM CT's StudyDate)")
             continue
         d = parse_date(value)
         if d is None:
