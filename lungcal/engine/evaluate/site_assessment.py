@@ -82,11 +82,14 @@ def acquisition_checks(summary: Mapping[str, Any] | None,
 def assess(reference: Reference, scores: np.ndarray, features: np.ndarray | None,
            acquisition: Mapping[str, Mapping[str, Any]], *, alpha: float = 0.05, n_resamples: int = 1000,
            n_subsamples: int = 20, n_bootstrap: int = 1000, seed: int = 0,
-           prevalence_level: float = 0.95) -> dict[str, Any]:
+           prevalence_level: float = 0.95, effect_size: bool = True) -> dict[str, Any]:
     """The statistics and the verdict of a site (everything but the I/O of :func:`site_check`).
 
     ``prevalence_level``: the level of the prevalence's bootstrap interval that can call ``prevalence_shift``
     (``lungcal monitor`` sets it to one minus its per-chunk alpha).
+
+    ``effect_size``: False leaves the effect size out (``"effect"`` None): the verdict does not use it, and it
+    is a third of the time of a check with embeddings (``experiments/site_check_power.py`` draws verdicts only).
 
     Returns ``{"verdict", "reasons", "tests", "prevalence", "prevalence_ci", "source_prevalence"}``.
     """
@@ -114,7 +117,7 @@ def assess(reference: Reference, scores: np.ndarray, features: np.ndarray | None
             s_ref, y_ref, scores, prevalence=q if math.isfinite(q) else None, n_subsamples=n_subsamples,
             n_resamples=n_resamples, seed=seed, source_features=a, target_features=b)
     effect = None
-    if features is not None and reference.features is not None and len(features) >= 2:
+    if effect_size and features is not None and reference.features is not None and len(features) >= 2:
         # the size beside the p-values: how well the embeddings tell the site from the reference, the reference
         # re-weighted to the site's estimated prevalence (a change of prevalence alone is no difference)
         qq = q if math.isfinite(q) else source_q
