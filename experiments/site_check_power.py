@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import zlib
@@ -138,8 +139,8 @@ def rate_table(results: dict) -> str:
     for key, r in results.items():
         change, label, size, _ = key.split("|")
         groups[(change, label, int(size))].append(r)
-    lines = ["| change | strength | CTs | draws | comparable | prevalence_shift | scanner_shift | right |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| change | strength | CTs | draws | comparable | prevalence_shift | scanner_shift | right | what fired |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (change, label, size), rs in groups.items():
         n = len(rs)
         cells = []
@@ -150,8 +151,13 @@ def rate_table(results: dict) -> str:
         right = RIGHT.get(change, (SCANNER_SHIFT,))
         k = sum(r["verdict"] in right for r in rs)
         lo, hi = clopper_pearson(k, n)
+        fired: dict[str, int] = defaultdict(int)
+        for r in rs:
+            for reason in r.get("reasons", []):
+                fired[re.split(r" \(| \d| \[", reason)[0]] += 1  # the statistic, not its value
+        what = ", ".join(f"{k} {v}" for k, v in sorted(fired.items(), key=lambda kv: -kv[1])) or "-"
         lines.append(f"| {change} | {label} | {size} | {n} | " + " | ".join(cells)
-                     + f" | {100 * k / n:.0f} % [{100 * lo:.0f}, {100 * hi:.0f}] |")
+                     + f" | {100 * k / n:.0f} % [{100 * lo:.0f}, {100 * hi:.0f}] | {what} |")
     return "\n".join(lines)
 
 

@@ -32,13 +32,15 @@ def test_a_draw_from_a_pool_like_the_reference_is_comparable_and_a_moved_one_is_
 
 def test_the_table_gives_each_verdicts_rate_with_its_exact_ci_and_the_share_right():
     power = load_script("site_check_power")
-    results = {f"same||30|{d}": {"verdict": COMPARABLE if d else SCANNER_SHIFT} for d in range(10)}
+    results = {f"same||30|{d}": {"verdict": COMPARABLE if d else SCANNER_SHIFT,
+                                 "reasons": [] if d else ["noise_hu"]} for d in range(10)}
     results |= {f"prevalence|0.11|60|{d}": {"verdict": PREVALENCE_SHIFT if d % 2 else COMPARABLE} for d in range(4)}
     results |= {f"noise|40 HU|30|{d}": {"verdict": SCANNER_SHIFT} for d in range(5)}
     lines = power.rate_table(results).splitlines()
     assert lines[2].startswith("| same |  | 30 | 10 | 9/10 [55, 100] % | 0/10 [0, 31] % | 1/10 [0, 45] % | "
                                "90 % [55, 100]")
-    assert lines[3].endswith("| 100 % [40, 100] |")  # comparable and prevalence_shift are both right there
+    assert lines[2].endswith("| noise_hu 1 |")
+    assert lines[3].endswith("| 100 % [40, 100] | - |")  # comparable and prevalence_shift are both right there
     assert lines[4].startswith("| noise | 40 HU | 30 | 5 | 0/5 [0, 52] % | 0/5 [0, 52] % | 5/5 [48, 100] %")
 
 
