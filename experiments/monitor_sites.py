@@ -28,9 +28,9 @@ keeps 92 % of their cancers (the 8th percentile of the cancers' p), and the prom
 
 Prints markdown tables (the ones in ``docs/results/hospital.md``, 2026-12-07).
 
-    python experiments/monitor_sites.py stable --sizes 50 100 200 --years 100
-    python experiments/monitor_sites.py stable --sizes 50 --years 100 --fixed-reference 0
-    python experiments/monitor_sites.py scanner --sizes 50 100 200 --sites 10
+    python experiments/monitor_sites.py stable --sizes 50 100 200 --years 100   # (each size in its own process)
+    python experiments/monitor_sites.py stable --sizes 50 --years 30 --fixed-reference 0
+    python experiments/monitor_sites.py scanner --sizes 50 100 200 --sites 6
     python experiments/monitor_sites.py prevalence --sizes 50 100 200 --sites 10
 """
 from __future__ import annotations
