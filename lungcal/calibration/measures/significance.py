@@ -128,15 +128,7 @@ def paired_bootstrap_diff(metric: str | Callable, probs_a, probs_b, labels, n_bo
                 reps.append(_bootstrap_replicates(pa, y, n_bins, mode, idx)[fn]
                             - _bootstrap_replicates(pb, y, n_bins, mode, idx)[fn])
     d = np.concatenate(reps) if reps else np.empty(0)
-    d = d[np.isfinite(d)]
-    if d.size:
-        lo, hi = np.percentile(d, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-        below, above = int((d <= 0).sum()), int((d >= 0).sum())
-        p_value = min(1.0, 2.0 * (1 + min(below, above)) / (1 + d.size))
-    else:
-        lo = hi = p_value = float("nan")
-    return {"diff": float(diff), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(p_value),
-            "significant": bool(lo > 0 or hi < 0), "n_bootstrap": int(d.size), "alpha": float(alpha),
+    return {**_percentile_summary(diff, d, alpha),
             "metric": fn if isinstance(fn, str) else getattr(fn, "__name__", "callable")}
 
 
