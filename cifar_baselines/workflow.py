@@ -1,7 +1,8 @@
 """The run steps of the CIFAR bundles on the shared tracked-run skeleton (:class:`lungcal.workflow.TrackedStage1`).
 
-The bundle (``bundles/cifar10*_*.json`` + ``bundles/cifar_common.json``) builds every object, the data,
-network, loss, optimiser, scheduler, trainer and evaluator, and hands the hyperparameters over by
+The bundle (``bundles/cifar10lt_ce.json``, complete, with a recipe's differences merged over it; LAS:
+``bundles/cifar10lt_las.json`` the same way; :func:`cifar_baselines.bundle.recipe_files`) builds every
+object, the data, network, loss, optimiser, scheduler, trainer and evaluator, and hands the hyperparameters over by
 reference (its ``settings`` section), with where the runs go (``store``, :class:`lungcal.workflow.Store`)
 and how the splits are scored (``evaluation``, :class:`lungcal.workflow.Evaluation`: 15 ECE bins, the
 bootstrap, its seed and the ``post_hoc`` calibrators). ``initialize`` seeds the global RNG before the
@@ -59,6 +60,7 @@ import torch
 from ignite.engine import Events
 from mlflow.tracking import MlflowClient
 
+from cifar_baselines.bundle import config_file_argument, recipe_files
 from cifar_baselines.data import CifarSplits, load_splits
 from cifar_baselines.steps import predict, training_precision
 from lungcal.calibration.las import retrain_head_las
@@ -381,7 +383,7 @@ class Stage1Run(_CifarRun):
             t = f" (T {r['temperature']:.3f})" if r["temperature"] is not None else ""
             rows.append((f"+ {r['name'].upper()}{t}", r["test"]))
         runs = [("stage 1", stage1_run_id)] + [(f"+{r['name'].upper()}", r["run_id"]) for r in post]
-        las = self._command(f"bundles/{self.dataset}_las.json", stage1_run_id=stage1_run_id)
+        las = self._command(config_file_argument(recipe_files(f"{self.dataset}_las")), stage1_run_id=stage1_run_id)
         print(self.summary(f"{self.dataset} {self.method}", rows + scores.extra["selected"], runs, las, post),
               flush=True)
         ckpt = self.checkpoint_path(stage1_run_id)

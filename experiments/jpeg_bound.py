@@ -200,8 +200,8 @@ def lean_handlers() -> list[dict[str, Any]]:
     """The bundle's stage-1 training handlers without ``EpochSelection`` (the per-epoch test scoring that keeps
     the best-val / best-test weights): it never touches an RNG, so the last epoch, the result, is unchanged,
     and it costs as much as the training pass at one thread (26 s of 84 s an epoch)."""
-    common = json.loads(Path("bundles/cifar_common.json").read_text())
-    return [h for h in common["stage1"]["train"]["handlers"] if not h["_target_"].endswith(".EpochSelection")]
+    base = json.loads(Path(BUNDLE).read_text())
+    return [h for h in base["train"]["handlers"] if not h["_target_"].endswith(".EpochSelection")]
 
 
 def arm_command(root: Path, arm: str, epochs: int, lean: bool = True) -> list[str]:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ignite.engine import Events
 
 from cifar_baselines.batches import BatchIterator, augment_batch
-from cifar_baselines.bundle import load_bundle
+from cifar_baselines.bundle import load_bundle, recipe_files
 from cifar_baselines.data import CIFAR_MEAN, CIFAR_STD, CifarSplits, load_cifar10
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.schedule import lr_at
@@ -63,8 +63,8 @@ class PerSampleCifar(torch.utils.data.Dataset):
 
 def bench_trainer(x, y, steps: int, device: torch.device, method: str, amp: bool = True) -> float:
     """img/s of the bundle's ``train#trainer`` over ``steps`` iterations after one warm-up iteration."""
-    os.chdir(ROOT)  # '%' macros resolve from the project root
-    p = load_bundle(f"bundles/cifar10_{method}.json", {"device": str(device), "epochs": 1, "amp": amp})
+    os.chdir(ROOT)  # the bundle paths resolve from the project root
+    p = load_bundle(recipe_files(f"cifar10_{method}"), {"device": str(device), "epochs": 1, "amp": amp})
     p["data"] = CifarSplits(x.to(device), y.to(device), x[:1], y[:1], x[:1], y[:1], class_counts=[1] * 10)
     p["train#handlers"] = p["train#handlers"][:1]  # the per-iteration LrScheduleHandler
     trainer = p.get_parsed_content("train#trainer")

@@ -24,7 +24,8 @@ t0=$(date +%s)
 echo "== CIFAR-10: one epoch per stage-1 method on $DEVICE"
 for m in ce focal mixup focal_mixup; do
   s=$(date +%s)
-  python -m monai.bundle run --config_file "bundles/cifar10_${m}.json" --device "$DEVICE" --epochs 1 \
+  python -m monai.bundle run --config_file "['bundles/cifar10lt_ce.json','bundles/cifar10_${m}.json']" \
+    --device "$DEVICE" --epochs 1 \
     --subset 2000 --val_per_class 50 --n_bootstrap 100 --output_dir "$OUT/cifar" --tracking_uri "$STORE" \
     > "$OUT/cifar_${m}.log" 2>&1 || { echo "cifar10_${m}: FAILED (see $OUT/cifar_${m}.log)"; tail -5 "$OUT/cifar_${m}.log"; exit 1; }
   echo "cifar10_${m}: ok in $(( $(date +%s) - s )) s"; grep -E "ECE|temperature" "$OUT/cifar_${m}.log" | tail -3 || true

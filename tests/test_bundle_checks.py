@@ -17,6 +17,11 @@ from lungcal.runtime.bundle_checks import check_command_line, check_overrides, o
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLES = ROOT / "bundles"
 MAIN = str(Path("/x/site-packages/monai/bundle/__main__.py"))
+#: the complete CIFAR bundles, and each CIFAR recipe that states only what differs, with its base
+CIFAR_BASES = ("cifar10lt_ce", "cifar10lt_las")
+CIFAR_RECIPES = {**{f"{d}_{m}": "cifar10lt_ce" for d in ("cifar10", "cifar10lt")
+                    for m in ("ce", "focal", "mixup", "focal_mixup") if (d, m) != ("cifar10lt", "ce")},
+                 "cifar10_las": "cifar10lt_las"}
 
 
 def test_override_names_reads_fire_style_arguments():
@@ -68,12 +73,19 @@ def test_every_recipe_checks_for_its_base_and_every_complete_bundle_marks_itself
         assert "run" not in cfg and "initialize" not in cfg, name
         steps = cfg["+initialize"]
         assert any(f"require_base('bundles/nlst_focal.json', 'bundles/{name}.json')" in s for s in steps), name
-    for name in ["nlst_focal", "nlst_las", "inference", "multi_gpu"]:
+    for name in ["nlst_focal", "nlst_las", "inference", "multi_gpu", *CIFAR_BASES]:
         steps = json.loads((BUNDLES / f"{name}.json").read_text())["initialize"]
         assert any("bundle_checks.base_loaded()" in s for s in steps), name
         assert any("bundle_checks.check_command_line()" in s for s in steps), name
-    common = json.loads((BUNDLES / "cifar_common.json").read_text())["initialize"]
-    assert any("check_command_line()" in s for s in common)
+    assert not (BUNDLES / "cifar_common.json").exists()
+
+
+def test_every_cifar_recipe_checks_for_its_base():
+    """Issue 44 item 3: the CIFAR recipes are override files over a complete base, as the CT ones are."""
+    for name, base in CIFAR_RECIPES.items():
+        cfg = json.loads((BUNDLES / f"{name}.json").read_text())
+        assert "run" not in cfg and "initialize" not in cfg, name
+        assert any(f"require_base('bundles/{base}.json', 'bundles/{name}.json')" in s for s in cfg["+initialize"]), name
 
 
 def _monai_run(*args: str) -> subprocess.CompletedProcess:
@@ -97,7 +109,8 @@ def test_a_recipe_alone_and_a_typo_end_in_one_line_under_monai_bundle_run(tmp_pa
 
 
 @pytest.mark.parametrize("files", [["nlst_focal", "nlst_ce", "fullres"], ["nlst_focal", "nlst_mixup"],
-                                   ["nlst_focal", "fullres"], ["nlst_focal", "nlst_ensemble"]])
+                                   ["nlst_focal", "fullres"], ["nlst_focal", "nlst_ensemble"],
+                                   ["cifar10lt_ce", "cifar10_focal_mixup"], ["cifar10lt_las", "cifar10_las"]])
 def test_the_checks_pass_over_the_base_in_the_order_initialize_runs_them(files, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(bundle_checks, "_loaded", False)
@@ -105,6 +118,34 @@ def test_the_checks_pass_over_the_base_in_the_order_initialize_runs_them(files, 
     parser.read_config([f"bundles/{f}.json" for f in files])
     steps = [i for i, s in enumerate(parser["initialize"]) if "bundle_checks" in s]
     checks = [parser["initialize"][i] for i in steps if "require_base" in parser["initialize"][i]]
-    assert len(checks) == sum(f != "nlst_focal" for f in files)  # each file over the base appends its check
+    assert len(checks) == len(files) - 1  # each file over the base appends its check
     for i in steps:
         parser.get_parsed_content(f"initialize#{i}")
+
+
+@pytest.mark.parametrize("recipe", ["cifar10_focal", "cifar10_las"])
+def test_a_cifar_recipe_alone_and_a_typo_end_in_one_line_under_monai_bundle_run(recipe, tmp_path):
+    """Issue 44 item 3: the CIFAR family is checked as the CT family is."""
+    base = CIFAR_RECIPES[recipe]
+    proc = _monai_run("--config_file", f"bundles/{recipe}.json")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lungcal: error:")]
+    assert len(errors) == 1
+    assert f"python -m monai.bundle run --config_file \"['bundles/{base}.json','bundles/{recipe}.json']\"" in errors[0]
+
+    files = f"['bundles/{base}.json','bundles/{recipe}.json']"
+    proc = _monai_run("--config_file", files, "--epoch", "2", "--output_dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lungcal: error:")]
+    assert len(errors) == 1 and "did you mean --epochs?" in errors[0]
+    assert not list(tmp_path.iterdir())  # stopped before anything was written
+
+
+def test_a_mistyped_cifar_key_is_named_and_nested_ids_pass():
+    files = [BUNDLES / "cifar10lt_ce.json", BUNDLES / "cifar10_mixup.json"]
+    check_overrides(files, ["optimizer#momentum", "loss#gamma", "mixup_alpha", "settings#val_interval"])
+    with pytest.raises(ConfigError, match="did you mean --mixup_alpha"):
+        check_overrides(files, ["mixup_alhpa"])
+    with pytest.raises(ConfigError, match="did you mean --optimizer"):
+        check_overrides(files, ["optimiser#momentum"])

@@ -1,10 +1,11 @@
 """The study runner: a grid of dataset x stage-1 method x stage-2 method, run through the bundles.
 
-Each stage-1 bundle (``bundles/{dataset}_{stage1}.json``) trains, evaluates and records two
-runs: stage 2 ``none`` and its linked ``ts`` run. The LAS bundle (``bundles/{dataset}_las.json``)
-retrains the head of a finished stage-1 run (passed as an override). The runner therefore plans
-*jobs*: one stage-1 job per (dataset, stage-1 method) that yields ``none`` and ``ts``, and one LAS
-job per (dataset, stage-1 method) that needs the stage-1 run.
+Each stage-1 bundle (``bundles/{dataset}_{stage1}.json``, merged over its complete base:
+``nlst_focal.json``, ``cifar10lt_ce.json``) trains, evaluates and records two runs: stage 2 ``none``
+and its linked ``ts`` run. The LAS bundle (``bundles/{dataset}_las.json``; CIFAR-10's over
+``cifar10lt_las.json``) retrains the head of a finished stage-1 run (passed as an override). The
+runner therefore plans *jobs*: one stage-1 job per (dataset, stage-1 method) that yields ``none``
+and ``ts``, and one LAS job per (dataset, stage-1 method) that needs the stage-1 run.
 
 Resume: a job's identity is a short hash of (dataset, stage-1 method, bundle overrides, preset),
 its *study key*. When a job finishes, the runner tags the runs it produced with
@@ -82,6 +83,8 @@ class DatasetSpec:
         base_bundle: a complete bundle that the stage-1 files state differences from (``nlst_focal.json``):
             a stage-1 job runs ``[base, variant]`` (the base alone for its own recipe).
         las_bundle: file name of the LAS bundle.
+        las_base_bundle: a complete LAS bundle that ``las_bundle`` states differences from
+            (``cifar10lt_las.json``): a LAS job runs ``[base, las_bundle]`` (the base alone for its own recipe).
         las_parent_key: the LAS bundle's override key that takes the stage-1 run id.
         presets: ``{"reduced": overrides, "full": overrides}`` of the stage-1 bundles.
         las_presets: the same for the LAS bundle (the LAS job gets only these, the datalist and
@@ -101,6 +104,7 @@ class DatasetSpec:
     accepts_datalist: bool = False
     cohort_presets: Mapping[str, str] = field(default_factory=dict)
     base_bundle: str | None = None
+    las_base_bundle: str | None = None
 
     @property
     def experiment(self) -> str:
@@ -118,10 +122,12 @@ DATASETS: dict[str, DatasetSpec] = {
         cohort_presets={"full": "study"}, base_bundle="nlst_focal.json"),
     "cifar10": DatasetSpec(
         "cifar10", "cifar10_{stage1}.json", "cifar10_las.json", "stage1_run_id",
-        presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
+        presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}},
+        base_bundle="cifar10lt_ce.json", las_base_bundle="cifar10lt_las.json"),
     "cifar10lt": DatasetSpec(
         "cifar10lt", "cifar10lt_{stage1}.json", "cifar10lt_las.json", "stage1_run_id",
-        presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}}),
+        presets={"reduced": _CIFAR_REDUCED, "full": {}}, las_presets={"reduced": {"epochs": 5}, "full": {}},
+        base_bundle="cifar10lt_ce.json", las_base_bundle="cifar10lt_las.json"),
 }
 
 
@@ -269,15 +275,17 @@ def plan_study(datasets: Sequence[str], *, stage1: Sequence[str] | None = None, 
             jobs.append(Job(ds, s1, "stage1", s1_bundle, ov, key, produces,
                             [m for m in produces if m not in done], preset, seed, cohort))
         if "las" in stage2:
-            las_bundle = bdir / spec.las_bundle
-            if not las_bundle.is_file():
-                raise ConfigError("LAS bundle not found", file=las_bundle, field="--stage2",
-                                  fix="drop 'las' from --stage2 or add the bundle")
+            las_files = [*([bdir / spec.las_base_bundle] if spec.las_base_bundle else []), bdir / spec.las_bundle]
+            las_bundle = tuple(dict.fromkeys(las_files))
+            for path in las_bundle:
+                if not path.is_file():
+                    raise ConfigError("LAS bundle not found", file=path, field="--stage2",
+                                      fix="drop 'las' from --stage2 or add the bundle")
             las_ov: dict[str, object] = dict(spec.las_presets[preset])
             for k in ("datalist", "seed"):
                 if k in ov:
                     las_ov[k] = ov[k]
-            jobs.append(Job(ds, s1, "las", (las_bundle,), las_ov, key, ["las"],
+            jobs.append(Job(ds, s1, "las", las_bundle, las_ov, key, ["las"],
                             [] if "las" in done else ["las"], preset, seed, cohort))
     return StudyPlan(jobs, uri, out, project_dir)
 

@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 from mlflow.tracking import MlflowClient
 
+from cifar_baselines.bundle import recipe_files
 from cifar_baselines.resnet import resnet32
 from cifar_baselines.workflow import Stage1Model
 from lungcal.calibration.handlers import CalibrationMetrics
@@ -52,10 +53,12 @@ def _cli(config_files: list[str], overrides: dict) -> list[str]:
 
 
 def torchrun(bundle: str, overrides: dict, nproc: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node <nproc> -m monai.bundle run`` of ``bundle`` + ``multi_gpu.json``, from the root."""
+    """``torchrun --nproc_per_node <nproc> -m monai.bundle run`` of ``bundle`` (a CIFAR recipe over its base) +
+    ``multi_gpu.json``, from the root."""
+    files = recipe_files(bundle) if bundle.startswith("cifar") else [f"bundles/{bundle}.json"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "monai.bundle", "run",
-           *_cli([f"bundles/{bundle}.json", "bundles/multi_gpu.json"], overrides)]
+           *_cli([*files, "bundles/multi_gpu.json"], overrides)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env())
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cifar_baselines.bundle import run_bundle
+from cifar_baselines.bundle import recipe_files, run_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,10 +36,11 @@ def write_fake_cifar(root: Path, n_train_per_class: int = 30, n_test_per_class: 
 
 
 def tiny_stage1_run(bundle: str, folder: Path, tmp_path: Path, monkeypatch) -> tuple[str, str]:
-    """``(run id, tracking URI)`` of a one-epoch ``bundles/<bundle>.json`` stage-1 run on fake LT data in ``folder``."""
+    """``(run id, tracking URI)`` of a one-epoch stage-1 run of the recipe ``bundle`` (``cifar10lt_focal``, over
+    its base) on fake LT data in ``folder``."""
     monkeypatch.chdir(ROOT)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    res = run_bundle(f"bundles/{bundle}.json", {
+    res = run_bundle(recipe_files(bundle), {
         "data_dir": str(folder), "output_dir": str(tmp_path), "tracking_uri": uri, "batch_size": 64,
         "n_bootstrap": 20, "val_per_class": 5, "epochs": 1, "warmup_epochs": 1, "lr_milestones": [1],
         "imb_factor": 0.1})

@@ -1,8 +1,8 @@
 """Crash-safe CIFAR runs (issue 15): SIGKILL mid-training then rerun = one uninterrupted run, bit for bit.
 
-The bundle is ``bundles/cifar10lt_focal_mixup.json`` (random crops/flips, mixup, shuffled batches)
-on the tiny fake CIFAR folder, 4 epochs, run through ``python -m cifar_baselines`` in subprocesses
-with the same thread settings.
+The bundle is ``bundles/cifar10lt_focal_mixup.json`` over ``bundles/cifar10lt_ce.json`` (random crops/flips,
+mixup, shuffled batches) on the tiny fake CIFAR folder, 4 epochs, run through ``python -m cifar_baselines`` in
+subprocesses with the same thread settings.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from lungcal.tracking import TAG_RESUMED_FROM, TAG_STAGE2, default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[2]
-BUNDLE = "bundles/cifar10lt_focal_mixup.json"
+BUNDLE = ["bundles/cifar10lt_ce.json", "bundles/cifar10lt_focal_mixup.json"]
 EPOCHS = 4
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 FINAL = ("test/acc", "test/ece", "test/nll", "val/ece", "val/acc")
@@ -33,7 +33,7 @@ def overrides(data: Path, out: Path, **kw) -> dict:
 
 
 def command(over: dict) -> list[str]:
-    cmd = [sys.executable, "-m", "cifar_baselines", BUNDLE]
+    cmd = [sys.executable, "-m", "cifar_baselines", *BUNDLE]
     for k, v in over.items():
         cmd += [f"--{k}", v if isinstance(v, str) else json.dumps(v)]
     return cmd

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cifar_baselines.bundle import run_bundle
+from cifar_baselines.bundle import recipe_files, run_bundle
 from cifar_baselines.data import cifar10_lt_counts, make_splits
 
 
@@ -35,7 +35,7 @@ def test_real_cifar_splits(real_cifar):
 
 def test_real_bundle_short_epoch(real_cifar, tmp_path, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    res = run_bundle("bundles/cifar10_ce.json", {
+    res = run_bundle(recipe_files("cifar10_ce"), {
         "data_dir": str(real_cifar), "output_dir": str(tmp_path), "tracking_uri": f"sqlite:///{tmp_path}/m.db",
         "epochs": 1, "subset": 512, "warmup_epochs": 1, "n_bootstrap": 20})
     assert 0.0 <= res["test"]["acc"] <= 1.0 and res["test"]["n"] > 400

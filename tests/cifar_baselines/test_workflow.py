@@ -8,7 +8,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from cifar_baselines.bundle import load_bundle, run_bundle
+from cifar_baselines.bundle import load_bundle, recipe_files, run_bundle
 from cifar_baselines.data import COPY_UNVERIFIED, load_splits, pixel_hash
 from cifar_baselines.workflow import load_stage1
 from lungcal.calibration.metrics import calibration_report
@@ -33,7 +33,7 @@ def stage1(fake_cifar, tmp_path_factory):
               "batch_size": 64, "n_bootstrap": 20, "val_per_class": 5}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        res = run_bundle("bundles/cifar10lt_focal_mixup.json", {**common, "epochs": 2, "warmup_epochs": 1,
+        res = run_bundle(recipe_files("cifar10lt_focal_mixup"), {**common, "epochs": 2, "warmup_epochs": 1,
                                                                 "lr_milestones": [1], "imb_factor": 0.1})
     return common, res, printed.getvalue()
 

@@ -161,3 +161,24 @@ def test_the_full_ct_study_plans_the_grid_on_the_nlst_like_cohort(tmp_path, caps
         == {"ce", "focal", "mixup", "focal_mixup"}
     assert all("synthetic_study_3500/datalist.json" in x for x in lines)  # not the demo cohort
     assert not (tmp_path / "grid.db").exists()  # a dry run creates no store
+
+
+def test_the_cifar_study_runs_each_recipe_over_its_complete_base(tmp_path):
+    """Issue 44 item 3: a CIFAR stage-1 job runs ``[cifar10lt_ce.json, recipe]`` (the base alone for its own
+    recipe) and a LAS job ``[cifar10lt_las.json, cifar10_las.json]``, as the CT jobs run over nlst_focal.json."""
+    root = Path(__file__).resolve().parents[2]
+    plan = plan_study(["cifar10", "cifar10lt"], stage1=["ce", "focal"], tracking_uri=f"sqlite:///{tmp_path}/x.db",
+                      bundle_dir=root / "bundles", output_dir=tmp_path / "out")
+    files = {(j.dataset, j.stage1, j.kind): [b.name for b in j.bundle] for j in plan.jobs}
+    assert files == {
+        ("cifar10", "ce", "stage1"): ["cifar10lt_ce.json", "cifar10_ce.json"],
+        ("cifar10", "ce", "las"): ["cifar10lt_las.json", "cifar10_las.json"],
+        ("cifar10", "focal", "stage1"): ["cifar10lt_ce.json", "cifar10_focal.json"],
+        ("cifar10", "focal", "las"): ["cifar10lt_las.json", "cifar10_las.json"],
+        ("cifar10lt", "ce", "stage1"): ["cifar10lt_ce.json"],
+        ("cifar10lt", "ce", "las"): ["cifar10lt_las.json"],
+        ("cifar10lt", "focal", "stage1"): ["cifar10lt_ce.json", "cifar10lt_focal.json"],
+        ("cifar10lt", "focal", "las"): ["cifar10lt_las.json"]}
+    las = next(j for j in plan.jobs if (j.dataset, j.kind) == ("cifar10", "las"))
+    cmd = bundle_command(las.bundle, {"epochs": 5})
+    assert cmd[cmd.index("--config_file") + 1] == str([str(b) for b in las.bundle])
