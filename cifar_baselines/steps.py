@@ -31,7 +31,6 @@ from monai.utils import CommonKeys
 
 from cifar_baselines.batches import augment_batch, normalize
 from lungcal.calibration.mixup import mixup
-from lungcal.runtime.resume import as_bool
 
 __all__ = ["cpu_has_native_bf16", "autocast_for", "training_precision", "prepare_images", "predict",
            "top_confidence", "epoch_loss_metric", "mean_confidence_metric", "TrainStep", "EvalStep"]
@@ -55,7 +54,6 @@ def cpu_has_native_bf16() -> bool:
 def autocast_for(device: torch.device | str, amp: bool, training: bool = False):
     """``(context, dtype)`` of a forward pass: CUDA AMP, CPU bf16 AMP for training steps, or none."""
     device = torch.device(device)
-    amp = as_bool(amp, "amp")  # `--amp false` arrives from the command line as the text "false"
     if amp and device.type == "cuda":
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.autocast("cuda", dtype=dtype), dtype
@@ -138,7 +136,7 @@ class TrainStep:
     def __init__(self, num_classes: int = 10, mixup_alpha: float = 0.0, augment: bool = True, amp: bool = True,
                  cpu_amp: bool = True, channels_last: bool = True, seed: int = 0) -> None:
         self.num_classes, self.mixup_alpha, self.augment = int(num_classes), float(mixup_alpha), augment
-        self.amp, self.cpu_amp, self.channels_last = as_bool(amp, "amp"), as_bool(cpu_amp, "cpu_amp"), channels_last
+        self.amp, self.cpu_amp, self.channels_last = amp, cpu_amp, channels_last
         self.generator = torch.Generator().manual_seed(int(seed) + 1)  # CPU, whatever the model's device
         self._scaler: torch.amp.GradScaler | None = None
 

@@ -71,7 +71,7 @@ from lungcal.calibration.selective import selective_report
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.runtime.bundle_config import spec_of
 from lungcal.runtime.distributed import plain_state_dict, unwrap, world_size
-from lungcal.runtime.resume import RandomState, TrainingResume, as_bool, generators_of
+from lungcal.runtime.resume import RandomState, TrainingResume, generators_of
 from lungcal.tracking import (
     CONFIG_ARTIFACT,
     MODEL_ARTIFACT,
@@ -231,7 +231,7 @@ class _CifarRun(TrackedStage1):
         super().__init__(settings, store, evaluation)
         self.network, self.data = network, data
         self.module = unwrap(network)  # the bare network (a DDP wrapper's module): saved, logged, evaluated
-        self.lr_scheduler, self.channels_last = lr_scheduler, as_bool(channels_last, "channels_last")
+        self.lr_scheduler, self.channels_last = lr_scheduler, channels_last
 
     def run(self, trainer) -> dict[str, Any]:  # type: ignore[override]
         """:meth:`TrackedStage1.run` with the bundle's trainer (``$@workflow.run(@train#trainer)``)."""
@@ -423,7 +423,7 @@ class LASRun(_CifarRun):
         if self.evaluation.post_hoc:
             raise ConfigError(f"a LAS run fits no post-hoc calibrator, got {self.evaluation.post_hoc}",
                               field="evaluation#post_hoc", fix="leave post_hoc empty in the LAS bundle")
-        self.stage1, self.shift_bn = stage1, as_bool(shift_bn, "shift_bn")
+        self.stage1, self.shift_bn = stage1, shift_bn
         self.resumable = self.shift_bn  # on cached features: nothing to resume
         self.dataset = self.experiment = str(stage1.settings.get("dataset", "cifar10"))
         self.method, self.parent_run_id = stage1.method, stage1.run_id

@@ -34,6 +34,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,8 @@ from lungcal.candidates.lesions import (  # noqa: E402
     median_filter,
 )
 from lungcal.candidates.sensitivity import lesion_ranks  # noqa: E402
+from lungcal.ct.transforms import preprocess_ct  # noqa: E402
+from lungcal.data.manifest import load_manifest  # noqa: E402
 from lungcal.data.synthetic.insertion import insert_lesions, plan_lesions  # noqa: E402
 from lungcal.engine.evaluate.lesion_bed import HU_WINDOW, PRESETS, _background, _preprocessed  # noqa: E402
 from lungcal.engine.evaluate.lesion_bed_run import cells_of, find_backgrounds  # noqa: E402
@@ -115,6 +118,104 @@ class LocalContrastLesionDetector(LesionDetector):
         solid = {"radii_mm": SOLID_RADII_MM, "pyramid_sigma_vox": SOLID_PYRAMID_SIGMA_VOX, **self.solid}
         return {"S": LoGBlobDetector(**{**solid, "top_k": self.top_k}),
                 "G": LocalContrastGlass(**{**self.glass, "hu_window": self.hu_window, "top_k": self.top_k})}
+
+
+def shell_bright_fraction(hu: np.ndarray, lung: np.ndarray, vox: np.ndarray, radius_mm: np.ndarray,
+                          spacing: np.ndarray, level: float, inner: float = 0.5,
+                          shell: tuple[float, float] = (1.5, 2.0), min_shell_mm: float = 2.5) -> np.ndarray:
+    """Per candidate, the share of its surroundings that is as dense as itself: of the lung voxels on a shell
+    ``shell`` times its radius (at least ``min_shell_mm`` thick) around its centre, those above half-way between
+    the lung level and the candidate's interior (the mean within ``inner`` times its radius). A vessel crossing's
+    branches leave through the shell; a nodule's shell is lung, whatever wall it lies against (the wall is not
+    lung). NaN where the shell holds no lung voxel."""
+    out = np.full(len(vox), np.nan)
+    shape = np.asarray(hu.shape)
+    for i, (v, r) in enumerate(zip(vox, radius_mm)):
+        r1, r2 = shell[0] * r, max(shell[1] * r, shell[0] * r + min_shell_mm)
+        h = np.ceil(r2 / spacing).astype(np.int64) + 1
+        lo, hi = np.maximum(v - h, 0), np.minimum(v + h + 1, shape)
+        sl = tuple(slice(int(a), int(b)) for a, b in zip(lo, hi))
+        grid = np.meshgrid(*[(np.arange(a, b) - c) * s for a, b, c, s in zip(lo, hi, v, spacing)], indexing="ij")
+        d = np.sqrt(sum(g * g for g in grid))
+        crop = hu[sl]
+        core = crop[d <= max(inner * r, 0.6 * float(spacing.min()))]
+        ring = crop[(d >= r1) & (d <= r2) & lung[sl]]
+        if len(core) == 0 or len(ring) == 0:
+            continue
+        cut = 0.5 * (float(core.mean()) + level)
+        out[i] = float((ring > cut).mean()) if cut > level else 1.0
+    return out
+
+
+@dataclass
+class ShellLesionDetector(LesionDetector):
+    """The shipped :class:`LesionDetector` with each channel's best ``pool`` re-ranked by what surrounds each
+    candidate: its score times ``(1 - f) ** power``, ``f`` the :func:`shell_bright_fraction` (a vessel
+    crossing's branches leave through its shell; a nodule's shell is lung), then interleaved as shipped."""
+
+    pool: int = 64
+    power: float = 1.0
+    shell: Sequence[float] = (1.5, 2.0)
+    inner: float = 0.5
+    channels_: str = "SG"  # the channels re-ranked
+
+    def pools(self, image, lung_mask, spacing, affine, pool: int | None = None) -> dict[str, Candidates]:
+        """Each channel's best ``pool`` candidates, as shipped."""
+        vol = _as_volume(image).astype(np.float32, copy=False)
+        mask = _as_volume(lung_mask) > 0
+        sp = np.asarray(spacing, np.float64).reshape(3)
+        chans = {k: dataclasses.replace(d, top_k=pool or self.pool) for k, d in self._channels().items()}
+        memo = MaskMemo()
+        return {ch: det.detect(vol, mask, sp, affine, memo=memo) for ch, det in chans.items()}
+
+    def rerank(self, lists: dict[str, Candidates], image, lung_mask, spacing) -> Candidates:
+        """The channels' candidates (their best ``pool``) re-scored by their shells, interleaved."""
+        vol = _as_volume(image).astype(np.float32, copy=False)
+        mask = _as_volume(lung_mask) > 0
+        sp = np.asarray(spacing, np.float64).reshape(3)
+        lo, hi = self.hu_window
+        hu = vol * np.float32(hi - lo) + np.float32(lo)
+        level = float(np.median(hu[mask])) if mask.any() else -860.0
+        lists = {ch: c.top(self.pool) for ch, c in lists.items()}
+        for ch in self.channels_:
+            c = lists[ch]
+            if len(c) == 0:
+                continue
+            f = shell_bright_fraction(hu, mask, c.voxel, c.radius_mm, sp, level, inner=self.inner,
+                                      shell=tuple(self.shell))
+            f = np.nan_to_num(f, nan=0.0)
+            s = c.score * (1.0 - f) ** self.power
+            o = np.argsort(-s, kind="stable")
+            lists[ch] = Candidates(c.voxel[o], c.world[o], c.radius_mm[o], s[o])
+        min_d = float(self._channels()["S"].min_distance_mm)
+        return interleave(lists, self.pattern, sp, self.top_k, min_d, reference="S")
+
+    def detect(self, image, lung_mask, spacing, affine) -> Candidates:
+        return self.rerank(self.pools(image, lung_mask, spacing, affine), image, lung_mask, spacing)
+
+
+def rerank_rows(cache: Path, settings: dict[str, dict], pool: int = 128) -> list[dict]:
+    """As :func:`score` for :class:`ShellLesionDetector` settings (name -> its keyword arguments), with each
+    scan's channels run once (their best ``pool``) and only the re-ranking per setting."""
+    info = json.loads((cache / "meta.json").read_text())
+    preset = PRESETS[info["preset"]]
+    dets = {n: ShellLesionDetector(**c) for n, c in settings.items()}
+    base = ShellLesionDetector()
+    rows = []
+    for m in tqdm(info["scans"], desc="rerank", unit="scan"):
+        z = np.load(cache / m["file"])
+        img, lung, aff = z["image"], z["lung"] > 0, z["affine"]
+        sp = np.linalg.norm(aff[:3, :3], axis=0)
+        lists = base.pools(img, lung, sp, aff, pool=pool)
+        for name, det in dets.items():
+            c = det.rerank(lists, img, lung, sp).top(preset.k)
+            ranks = lesion_ranks(np.array(m["centres"]), np.array(m["radii"]), np.array(m["mass"]), c.voxel,
+                                 c.world, aff, preset.patch_size)
+            for x, r in zip(m["lesions"], ranks):
+                rows.append({"variant": name, "background": m["background"], "scan": m["file"], "kind": x["kind"],
+                             "place": x["place"], "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"],
+                             "core_frac": x["core_frac"], "rank": int(r), "in_bag": bool(0 < r <= preset.k)})
+    return rows
 
 
 def target(kind: str, d: float, gg_hu: float) -> bool:
@@ -197,6 +298,37 @@ def channels(cache: Path, solid_k: int = 3000, glass_k: int = 1000) -> list[dict
     return rows
 
 
+def phantoms(datalists: list[Path], variants: dict[str, dict]) -> list[dict]:
+    """Per synthetic cohort, variant and nodule type: in the bag (K 8, as the phantom tables) and the CPM with
+    its 95 % CI over CTs (``experiments/nodule_types.py``): the solid CPM must not fall by more than its CI."""
+    import nodule_types  # noqa: PLC0415 (experiments/nodule_types.py, on the path set above)
+
+    dets = {n: detector_from_config(dict(c)) for n, c in variants.items()}
+    rows = []
+    for dl in datalists:
+        truth = nodule_types._truth(dl.parent / "annotations.csv")
+        scans: dict[str, list] = {n: [] for n in dets}
+        per: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+        for r in tqdm(load_manifest(dl, check_files=False), desc=f"phantoms {dl.parent.name}", unit="CT"):
+            o = preprocess_ct(dl.parent / r["image"], **nodule_types.BAG)
+            aff = np.asarray(o["image"].affine, np.float64)
+            sp = np.linalg.norm(aff[:3, :3], axis=0)
+            nods = truth.get(r["ct"], [])
+            for name, det in dets.items():
+                c = det.detect(o["image"], o["lung_mask"], sp, aff)
+                scans[name].append((c.world, c.score, nods))
+                for n, (_hit, rank, _) in zip(nods, nodule_types._score(c, nods)):
+                    per[(name, n["type"])][0] += int(0 < rank <= nodule_types.K)
+                    per[(name, n["type"])][1] += 1
+        for name in dets:
+            for kind in sorted({k for v, k in per if v == name}):
+                cpm, lo, hi = nodule_types._type_cpm(scans[name], kind, np.random.default_rng(0))
+                inb, tot = per[(name, kind)]
+                rows.append({"cohort": dl.parent.name, "variant": name, "type": kind, "n": tot, "in_bag": inb,
+                             "cpm": round(cpm, 3), "cpm_lo": round(lo, 3), "cpm_hi": round(hi, 3)})
+    return rows
+
+
 def channels_table(rows: list[dict], k: int = 16) -> str:
     """Per kind, at the target sizes: in the bag of K = 16, 32, 64, 128 (the merged ranking), and where the
     misses at ``k`` rank in each channel alone (median; within the channel's first 16 and 64; not found)."""
@@ -252,6 +384,14 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--cache", type=Path, required=True)
     s.add_argument("--variants", type=Path, required=True, help="JSON: name -> detector config")
     s.add_argument("--out", type=Path, required=True, help="rows CSV")
+    ph = sub.add_parser("phantoms", help="in the bag and the CPM per nodule type on synthetic cohorts")
+    ph.add_argument("datalists", nargs="+", type=Path, help="lungcal synth cohorts' datalist.json")
+    ph.add_argument("--variants", type=Path, required=True, help="JSON: name -> detector config")
+    ph.add_argument("--out", type=Path, required=True, help="rows CSV")
+    rr = sub.add_parser("rerank", help="ShellLesionDetector settings on the kept scans, channels run once")
+    rr.add_argument("--cache", type=Path, required=True)
+    rr.add_argument("--settings", type=Path, required=True, help="JSON: name -> ShellLesionDetector arguments")
+    rr.add_argument("--out", type=Path, required=True, help="rows CSV")
     c = sub.add_parser("channels", help="each lesion's rank in each channel alone and in the merged ranking")
     c.add_argument("--cache", type=Path, required=True)
     c.add_argument("--out", type=Path, required=True, help="rows CSV")
@@ -260,13 +400,24 @@ def main(argv: list[str] | None = None) -> None:
         build(a.ct_dir, a.seed, a.kinds, a.per_cell, a.out, a.preset)
         return
     t = time.perf_counter()
-    rows = channels(a.cache) if a.cmd == "channels" else score(a.cache, json.loads(a.variants.read_text()))
+    if a.cmd == "phantoms":
+        rows = phantoms(a.datalists, json.loads(a.variants.read_text()))
+    elif a.cmd == "rerank":
+        rows = rerank_rows(a.cache, json.loads(a.settings.read_text()))
+    elif a.cmd == "channels":
+        rows = channels(a.cache)
+    else:
+        rows = score(a.cache, json.loads(a.variants.read_text()))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(channels_table(rows) if a.cmd == "channels" else table(rows))
+    if a.cmd == "phantoms":
+        print("\n".join(f"| {x['cohort']} | {x['variant']} | {x['type']} | {x['in_bag']}/{x['n']} | "
+                        f"{x['cpm']:.3f} [{x['cpm_lo']:.3f}, {x['cpm_hi']:.3f}] |" for x in rows))
+    else:
+        print(channels_table(rows) if a.cmd == "channels" else table(rows))
     print(f"{len(rows)} rows in {time.perf_counter() - t:.0f} s -> {a.out}")
 
 

@@ -46,7 +46,7 @@ from lungcal.errors import ConfigError, LungcalError
 from lungcal.paths import atomic_write, default_output_dir
 from lungcal.runtime.distributed import barrier, broadcast_object, is_rank_zero
 
-__all__ = ["IDENTITY_EXCLUDE", "as_bool", "run_identity", "require_writable", "generators_of", "OutputError",
+__all__ = ["IDENTITY_EXCLUDE", "run_identity", "require_writable", "generators_of", "OutputError",
            "RandomState", "RunRecord", "StepFilter", "AtomicDiskSaver", "TrainingResume"]
 
 logger = logging.getLogger(__name__)
@@ -88,22 +88,6 @@ def release_identity(directory: str | os.PathLike) -> None:
 
 class OutputError(LungcalError):
     """An output cannot be written (unwritable folder, full disk)."""
-
-
-def as_bool(value: Any, field: str) -> bool:
-    """A bundle switch: ``true``/``false`` as JSON, Python or command-line text (``--resume false``).
-
-    Raises:
-        ConfigError: anything else.
-    """
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("true", "1", "yes", "on"):
-            return True
-        if text in ("false", "0", "no", "off", "none", "null", ""):
-            return False
-        raise ConfigError(f"{field} must be true or false, got {value!r}", field=field, fix=f"--{field} false")
-    return bool(value)
 
 
 def run_identity(config: Mapping[str, Any], exclude: tuple[str, ...] = IDENTITY_EXCLUDE) -> str:

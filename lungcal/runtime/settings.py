@@ -36,7 +36,7 @@ SWITCHES = frozenset({"amp", "resume", "augment", "tta_flips", "freeze_encoder",
 #: are accepted as they are
 TRUE_SPELLINGS = ("true", "1", "yes", "on")
 FALSE_SPELLINGS = ("false", "0", "no", "off", "none", "null", "")
-_ACCEPTED = "true/false, 1/0, yes/no or on/off"
+_ACCEPTED = "true or false (or 1/0, yes/no, on/off)"
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,7 +60,7 @@ def parse_switch(value: Any, key: str) -> bool:
             return True
         if text in FALSE_SPELLINGS:
             return False
-    raise ConfigError(f"{key} is a switch: {_ACCEPTED}, got {value!r}", field=key, fix=f"--{key} false")
+    raise ConfigError(f"{key} must be {_ACCEPTED}, got {value!r}", field=key, fix=f"--{key} false")
 
 
 class Settings(dict):
@@ -110,4 +110,4 @@ def switch(text: str) -> bool:
     try:
         return parse_switch(text, "value")
     except ConfigError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a switch: {_ACCEPTED}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a switch must be {_ACCEPTED}") from None

@@ -33,9 +33,9 @@ from lungcal.calibration.scaling import CALIBRATORS, calibrated_probs, fit_warni
 from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.errors import ConfigError
 from lungcal.paths import default_output_dir
-from lungcal.runtime.bundle_config import plain_settings
 from lungcal.runtime.distributed import is_rank_zero, world_size
-from lungcal.runtime.resume import IDENTITY_EXCLUDE, StepFilter, TrainingResume, as_bool, run_identity
+from lungcal.runtime.resume import IDENTITY_EXCLUDE, StepFilter, TrainingResume, run_identity
+from lungcal.runtime.settings import typed_settings
 from lungcal.tracking import (
     CONFIG_ARTIFACT,
     REFERENCE_CALIBRATOR,
@@ -66,7 +66,6 @@ class Store:
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir).expanduser() if self.output_dir else default_output_dir()
         self.tracking_uri = self.tracking_uri or default_tracking_uri(self.output_dir)
-        self.resume = as_bool(self.resume, "resume")
 
     @property
     def path(self) -> Path:
@@ -145,7 +144,7 @@ class TrackedStage1:
     train_wall_s = 0.0
 
     def __init__(self, settings: Mapping[str, Any] | None, store: Store | None, evaluation: Evaluation | None) -> None:
-        self.settings = plain_settings(settings or {})
+        self.settings = typed_settings(settings or {})
         self.store = store or Store()
         self.evaluation = evaluation or Evaluation()
         self.world_size = world_size()

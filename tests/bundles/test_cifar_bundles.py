@@ -141,6 +141,8 @@ LAS_CHANGES = {"cifar10lt_las": {}, "cifar10_las": {"weight_decay": 0.0005, "smo
 def _plain(parser: ConfigParser, value) -> bool:
     """Whether ``value`` resolves without building an object or evaluating an expression."""
     if isinstance(value, str):
+        if value.startswith("$@run_settings["):  # a switch parsed once (lungcal.runtime.settings): a value
+            return True
         return not value.startswith("$") and (not value.startswith("@") or _plain(parser, parser[value[1:]]))
     if isinstance(value, dict):
         return "_target_" not in value and all(_plain(parser, v) for v in value.values())

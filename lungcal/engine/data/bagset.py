@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from lungcal.runtime.resume import as_bool
-
 __all__ = ["random_orientation", "random_noise", "BagSet"]
 
 
@@ -56,7 +54,7 @@ class BagSet(torch.utils.data.Dataset):
         if not 0.0 <= float(noise_std) < 1.0:
             raise ValueError(f"noise_std must be in [0, 1) window units, got {noise_std}")
         self.bags, self.mask, self.labels = bags, mask, labels
-        self.augment, self.isotropic = as_bool(augment, "augment"), as_bool(isotropic, "isotropic")
+        self.augment, self.isotropic = augment, isotropic
         self.noise_std = float(noise_std)
         self._gen = torch.Generator().manual_seed(int(seed))
 

@@ -72,7 +72,7 @@ from lungcal.engine.model.predict import predict
 from lungcal.errors import ConfigError, DataError
 from lungcal.runtime import resolve_device
 from lungcal.runtime.exit_hook import find_lungcal_error
-from lungcal.runtime.resume import as_bool
+from lungcal.runtime.settings import typed_arguments
 from lungcal.tracking import (
     CT_EXPERIMENT,
     TAG_DATASET,
@@ -147,6 +147,7 @@ class InferenceRun:
             member probabilities (MC dropout, an ensemble) fills the uncertainty fields.
     """
 
+    @typed_arguments  # the bundle's switch (pictures) arrives here: parsed once, by annotation
     def __init__(self, inputs: str | None = None, stage1_run_id: str | None = None, checkpoint: str | None = None,
                  temperature: float | None = None, output: str | None = None,
                  output_dir: str | os.PathLike | None = None, tracking_uri: str | None = None,
@@ -166,7 +167,7 @@ class InferenceRun:
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
         self.qc = qc
         self.rule = ReferralRule.given(refer_below) if refer_below is not None else None
-        self.pictures, self.top_k, self.mode = as_bool(pictures, "pictures"), int(top_k), str(mode)
+        self.pictures, self.top_k, self.mode = pictures, int(top_k), str(mode)
         self.predict_fn = predict_fn
 
     def rows(self) -> list[dict]:

@@ -18,7 +18,6 @@ from monai.utils import CommonKeys
 
 from lungcal.calibration.mixup import mixup, mixup_bags
 from lungcal.errors import ConfigError
-from lungcal.runtime.resume import as_bool
 
 __all__ = ["MILPrepareBatch", "MILTrainStep", "MILEvalStep"]
 
@@ -67,7 +66,7 @@ class MILTrainStep:
         # mixing draws come from this step's CPU generator whatever the device (calibration.mixup)
         if self.alpha > 0 and self.space == "input":
             bags, mask, target, _ = mixup_bags(bags, mask, label, self.alpha, self.num_classes, self.generator)
-        amp = as_bool(getattr(engine, "amp", False), "amp")
+        amp: bool = getattr(engine, "amp", False)  # a bool: the bundle hands the trainer $@run_settings['amp']
         with torch.autocast(device_type=bags.device.type, enabled=amp):
             if self.alpha > 0 and self.space == "feature":
                 feats, target, _ = mixup(net.features(bags, mask), label, self.alpha, self.num_classes,

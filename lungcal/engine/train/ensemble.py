@@ -53,8 +53,9 @@ from lungcal.engine.train.posthoc import log_calibrated_test
 from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device
-from lungcal.runtime.bundle_config import plain_settings, spec_of
+from lungcal.runtime.bundle_config import spec_of
 from lungcal.runtime.resume import IDENTITY_EXCLUDE, run_identity
+from lungcal.runtime.settings import typed_settings
 from lungcal.tracking import (
     CT_EXPERIMENT,
     PRIVATE_KEYS,
@@ -115,7 +116,7 @@ class EnsembleRun:
             raise ConfigError(f"ensemble_members must be an integer >= 2, got {members!r}", field="ensemble_members",
                               fix="set ensemble_members to the number of members, e.g. 5 (the default)")
         self.members, self.method = int(members), str(method)
-        self.settings = plain_settings(settings or {})
+        self.settings = typed_settings(settings or {})
         self.member_files = [str(f) for f in ([member_files] if isinstance(member_files, str) else member_files)]
         missing = [f for f in self.member_files if not Path(f).is_file()]
         if missing:

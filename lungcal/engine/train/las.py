@@ -29,7 +29,8 @@ from lungcal.errors import ConfigError
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device
 from lungcal.runtime.distributed import world_size
-from lungcal.runtime.resume import IDENTITY_EXCLUDE, as_bool, run_identity
+from lungcal.runtime.resume import IDENTITY_EXCLUDE, run_identity
+from lungcal.runtime.settings import typed_arguments
 from lungcal.tracking import CT_EXPERIMENT, RunTracker, default_tracking_uri
 from lungcal.tracking.names import TAG_DATASET, TAG_SITE, TAG_STAGE1, TAG_STAGE2
 from lungcal.workflow import CT_COLUMNS, summary_lines
@@ -54,6 +55,7 @@ class LASRun:
         https://arxiv.org/abs/2104.00466
     """
 
+    @typed_arguments  # the bundle's switches (balanced_sampling, resume) arrive here: parsed once, by annotation
     def __init__(self, stage1_run_id: str | None = None, checkpoint: str | None = None, smooth_head: float = 0.3,
                  smooth_tail: float = 0.0, las_shape: str = "concave", epochs: int = 30, lr: float = 0.05,
                  batch_size: int = 32, balanced_sampling: bool = True, datalist: str | None = None,
@@ -65,7 +67,7 @@ class LASRun:
         if world_size() > 1:
             raise ConfigError("LAS (stage 2) runs in one process", field="config_file",
                               fix="run bundles/nlst_las.json without multi_gpu.json and torchrun")
-        self.resume = as_bool(resume, "resume")
+        self.resume = resume
         self.output_dir = resolve_output_dir(output_dir)
         self.tracking_uri = tracking_uri or default_tracking_uri(self.output_dir)
         self.stage1_run_id, self.checkpoint = stage1_run_id, checkpoint
@@ -74,7 +76,7 @@ class LASRun:
         self.las: dict[str, Any] = {
             "smooth_head": float(smooth_head), "smooth_tail": float(smooth_tail), "shape": las_shape,
             "epochs": int(epochs), "lr": float(lr), "batch_size": int(batch_size),
-            "balanced_sampling": as_bool(balanced_sampling, "balanced_sampling"), "seed": int(seed)}
+            "balanced_sampling": balanced_sampling, "seed": int(seed)}
         self.run_name = run_name
         self.n_bins, self.n_bootstrap, self.seed = int(n_bins), int(n_bootstrap), int(seed)
         self.result: dict[str, Any] = {}

@@ -49,7 +49,7 @@ from lungcal.errors import ConfigError
 from lungcal.runtime import resolve_device, seed_everything
 from lungcal.runtime.bundle_config import spec_of
 from lungcal.runtime.distributed import plain_state_dict, unwrap
-from lungcal.runtime.resume import RandomState, TrainingResume, as_bool, generators_of
+from lungcal.runtime.resume import RandomState, TrainingResume, generators_of
 from lungcal.tracking import (
     CT_EXPERIMENT,
     PRIVATE_KEYS,
@@ -113,7 +113,6 @@ class FineTune:
 
     def __post_init__(self) -> None:
         self.init_run_id, self.init_checkpoint = self.init_run_id or None, self.init_checkpoint or None
-        self.freeze_encoder = as_bool(self.freeze_encoder, "freeze_encoder")
         if self.freeze_encoder and not (self.init_run_id or self.init_checkpoint):
             raise ConfigError("freeze_encoder needs a trained model to start from", field="freeze_encoder",
                               fix="set init_run_id or init_checkpoint, or freeze_encoder false")
