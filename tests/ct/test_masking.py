@@ -8,7 +8,15 @@ import pytest
 from scipy import ndimage as ndi
 from skimage.measure import label as sk_label
 
-from lungcal.ct.masking import LINES, LungMasker, fill_holes_2d, largest_component, line_closing, upsample_nearest
+from lungcal.ct.masking import (
+    LINES,
+    LungMasker,
+    _closing_2d,
+    fill_holes_2d,
+    largest_component,
+    line_closing,
+    upsample_nearest,
+)
 from lungcal.data.synthetic import Nodule, ScannerProfile, make_phantom
 
 SHAPE, SPACING = (128, 128, 96), (2.5, 2.5, 2.5)
@@ -153,3 +161,24 @@ def test_line_closing_is_scipys_closing_with_the_whole_line(direction):
         want = ndi.binary_closing(np.pad(m, pad), structure=se)[pad:-pad, pad:-pad, pad:-pad]
         np.testing.assert_array_equal(line_closing(m, n, direction), want, err_msg=f"n={n}")
     assert len(LINES) == 13 and len({tuple(-np.asarray(v)) for v in LINES} & set(LINES)) == 0
+
+
+@pytest.mark.parametrize("spacing", [(2.5, 2.5, 2.5), (0.7, 0.9, 1.25)])
+def test_per_slice_closing_is_the_3d_transform_confined_to_each_slice(spacing):
+    """``_closing_2d`` (two 2D transforms a slice) gives the one-volume form bit for bit: two 3D Euclidean
+    distance transforms whose z sampling is too large for any distance to leave its slice, including a slice
+    without lung and one the growth fills whole."""
+    rng = np.random.default_rng(4)
+    mask = ndi.binary_opening(rng.random((40, 36, 9)) < 0.55, iterations=1)
+    mask[:, :, 0] = False  # no lung
+    mask[:, :, 1] = True  # the growth fills it whole
+    mask[5:30, 4:30, 2] = True
+    mask[14:18, 12:20, 2] = False  # a notch the closing fills
+    radius = 6.0
+    samp = (spacing[0], spacing[1], 1e7)
+    grown = ndi.distance_transform_edt(~mask, sampling=samp) <= radius
+    want = ndi.distance_transform_edt(grown, sampling=samp) > radius
+    got = _closing_2d(mask, radius, np.asarray(spacing))
+    assert got.dtype == bool and got.shape == mask.shape
+    np.testing.assert_array_equal(got, want)
+    assert not got[:, :, 0].any() and got[:, :, 1].all() and got[14:18, 12:20, 2].all()
