@@ -17,6 +17,18 @@ __all__ = ["register"]
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``recalibrate``, ``cancers-needed``, ``site-check``, ``monitor``, ``adapt-curve``, ``build-bags``,
     ``predict`` and ``lesion-bed`` to the ``lungcal`` parser."""
+    _add_recalibrate(subparsers)
+    _add_cancers_needed(subparsers)
+    _add_site_check(subparsers)
+    _add_monitor(subparsers)
+    _add_adapt_curve(subparsers)
+    _add_build_bags(subparsers)
+    _add_predict(subparsers)
+    _add_lesion_bed(subparsers)
+
+
+def _add_recalibrate(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal recalibrate``: recalibrators fitted on a site's own CTs."""
     p = subparsers.add_parser(
         "recalibrate", help="fit recalibrators on a site's own validation split (no retraining)",
         description="Load a stage-1 model (MLflow run id or checkpoint), fit recalibrators on the site's "
@@ -70,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_qc_options(p)
     p.set_defaults(func=_recalibrate)
 
+
+def _add_cancers_needed(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal cancers-needed``: the calibration cancers a guaranteed threshold needs."""
     n = subparsers.add_parser(
         "cancers-needed", help="how many labelled cancers a guaranteed threshold needs (recalibrate --miss-rate)",
         description="Print the table of the fewest cancers the certify split of `lungcal recalibrate --miss-rate` "
@@ -85,6 +100,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     n.add_argument("--no-crc", action="store_true", help="leave out the conformal-risk-control rows")
     n.set_defaults(func=_cancers_needed)
 
+
+def _add_site_check(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal site-check``: is a site the model's kind of data?"""
     c = subparsers.add_parser(
         "site-check", help="is a new site's data the model's kind of data? (verdict and the valid routes)",
         description="Compare a site's CTs (labels not needed) with a stage-1 model's training data: their "
@@ -111,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--num-workers", type=int, default=0, help="parallel workers for the series checks and bags")
     c.set_defaults(func=_site_check)
 
+
+def _add_monitor(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal monitor``: a site's months after go-live."""
     mo = subparsers.add_parser(
         "monitor", help="follow a site after go-live, month by month: shifts, work-up, sensitivity with or "
         "without labels, alerts",
@@ -150,6 +171,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mo.add_argument("--num-workers", type=int, default=0, help="parallel workers for the series checks and bags")
     mo.set_defaults(func=_monitor)
 
+
+def _add_adapt_curve(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal adapt-curve``: the adaptation routes against the number of labelled CTs."""
     a = subparsers.add_parser(
         "adapt-curve", help="how many labelled site CTs for which route? (recalibrate, fine-tune, from scratch)",
         description="On a labelled site datalist (train/val/test), draw nested stratified sets of N labelled CTs "
@@ -179,6 +203,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--num-workers", type=int, default=0, help="parallel workers for bag building")
     a.set_defaults(func=_adapt_curve)
 
+
+def _add_build_bags(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal build-bags``: the bag cache, built ahead (locally or on a Dask cluster)."""
     b = subparsers.add_parser(
         "build-bags", help="build the bag cache ahead of training (local processes or a Dask cluster)",
         description="Build every cached bag a training run of the bundle would build for DATALIST (the same "
@@ -205,6 +232,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds to wait for a --scheduler address to answer (default: 10)")
     b.set_defaults(func=_build_bags)
 
+
+def _add_predict(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal predict``: calibrated probabilities for new CTs."""
     q = subparsers.add_parser(
         "predict", help="score new CTs: calibrated probability, referral, top candidates, a picture per CT",
         description="Score one CT (a NIfTI/MHD/NRRD file or a DICOM series folder), a folder holding CTs (read as "
@@ -233,6 +263,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--batch-size", type=int, default=16, help="CTs per forward pass")
     q.set_defaults(func=_predict)
 
+
+def _add_lesion_bed(subparsers: argparse._SubParsersAction) -> None:
+    """``lungcal lesion-bed``: lesions inserted into real CTs, and what each detector puts in the bag."""
     lb = subparsers.add_parser(
         "lesion-bed", help="insert lesions into real CTs and measure what reaches each detector's bag",
         description="Insert simulated lesions (solid, part-solid and ground-glass nodules of 4-30 mm, masses of "
