@@ -19,7 +19,7 @@ lesions are left out of training (they are lesions, not false positives).
     python experiments/learned_rerank.py features --cache runs/gv/seed11 --ct-dir ../shared/data/ct \\
         --out runs/gv/seed11_feat.npz
     python experiments/learned_rerank.py evaluate --features runs/gv/seed11_feat.npz --cache runs/gv/seed11 \
-        --out runs/gv/seed11_learned.csv
+        --out runs/gv/seed11_learned.csv                  # --label bag: positives by the bag's own criterion
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from glass_variants import ShellLesionDetector, target  # noqa: E402
 
 from lungcal.candidates.detector import Candidates  # noqa: E402
-from lungcal.candidates.sensitivity import lesion_ranks  # noqa: E402
+from lungcal.candidates.sensitivity import holds_centre, lesion_ranks  # noqa: E402
 from lungcal.candidates.subsolid import merge_candidates  # noqa: E402
 from lungcal.engine.evaluate.lesion_bed import PRESETS  # noqa: E402
 from lungcal.engine.evaluate.lesion_bed_run import find_backgrounds  # noqa: E402
@@ -144,12 +144,37 @@ def _fit(X: np.ndarray, y: np.ndarray, lesion: np.ndarray, seed: int = 0):
     return model.fit(X[keep], y[keep], sample_weight=w[keep])
 
 
-def evaluate(feat: Path, cache: Path, k: int = 16, min_distance_mm: float = 5.0) -> list[dict]:
-    """Leave one background out: each background's scans ranked by a model fitted on the others'."""
+def bag_labels(info: dict, cache: Path, z, patch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Labels by the bag's own criterion: a candidate is on a lesion when its patch holds the lesion's centre 5 mm
+    inside its faces (a mass: or the candidate lies on it), as :func:`lesion_ranks` counts; the rest as stored."""
+    y, lesion = z["y"].copy(), z["lesion"].copy()
+    scan, vox, world = z["scan"], z["voxel"], z["world"]
+    for i, m in enumerate(info["scans"]):
+        sel = np.flatnonzero(scan == i)
+        aff = np.load(cache / m["file"])["affine"]
+        sp = np.linalg.norm(aff[:3, :3], axis=0)
+        cen = np.array(m["centres"])
+        ok = holds_centre((cen - aff[:3, 3]) @ np.linalg.inv(aff[:3, :3]).T, vox[sel], patch_size, sp)
+        on = np.linalg.norm(world[sel][None] - cen[:, None], axis=2) <= np.array(m["radii"])[:, None]
+        ok = np.where(np.array(m["mass"])[:, None], ok | on, ok)
+        for j in range(len(cen)):
+            new = ok[j] & (y[sel] != 1)
+            y[sel[new]] = 1
+            lesion[sel[new]] = 100 * i + j
+    return y, lesion
+
+
+def evaluate(feat: Path, cache: Path, k: int = 16, min_distance_mm: float = 5.0, label: str = "centre"
+             ) -> list[dict]:
+    """Leave one background out: each background's scans ranked by a model fitted on the others'. ``label``:
+    ``centre`` (a candidate within the lesion's radius, at least 5 mm) or ``bag`` (:func:`bag_labels`)."""
     info = json.loads((cache / "meta.json").read_text())
     preset = PRESETS[info["preset"]]
     z = np.load(feat)
     X, y, scan, lesion = z["X"], z["y"], z["scan"], z["lesion"]
+    centred = lesion
+    if label == "bag":
+        y, lesion = bag_labels(info, cache, z, preset.patch_size)
     bg_of = np.array([info["scans"][i]["background"] for i in scan])
     prob = np.zeros(len(y))
     for b in sorted(set(bg_of)):
@@ -172,7 +197,7 @@ def evaluate(feat: Path, cache: Path, k: int = 16, min_distance_mm: float = 5.0)
         for j, (x, r) in enumerate(zip(m["lesions"], ranks)):
             rows.append({"variant": "learned", "background": m["background"], "kind": x["kind"], "place": x["place"],
                          "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"], "rank": int(r),
-                         "in_bag": bool(0 < r <= k), "centred_in_pool": bool((lesion[sel] == 100 * i + j).any())})
+                         "in_bag": bool(0 < r <= k), "centred_in_pool": bool((centred[sel] == 100 * i + j).any())})
     return rows
 
 
@@ -207,12 +232,14 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--features", type=Path, required=True)
     e.add_argument("--cache", type=Path, required=True)
     e.add_argument("--out", type=Path, default=None, help="rows CSV (one a lesion)")
+    e.add_argument("--label", choices=("centre", "bag"), default="centre",
+                   help="what a positive candidate is: within the lesion (centre) or its patch holds it (bag)")
     a = ap.parse_args(argv)
     t = time.perf_counter()
     if a.cmd == "features":
         features(a.cache, a.ct_dir, a.out, a.pool)
     else:
-        rows = evaluate(a.features, a.cache)
+        rows = evaluate(a.features, a.cache, label=a.label)
         if a.out is not None:
             a.out.parent.mkdir(parents=True, exist_ok=True)
             with open(a.out, "w", newline="") as fh:
