@@ -98,8 +98,9 @@ def test_the_focal_bundle_is_complete_and_the_variants_state_only_what_differs()
     assert all("." in t for t in targets), f"one _target_ style (fully qualified): {targets}"
     # every named hyperparameter reaches the run through settings, by reference
     values = [k for k, v in base.items() if not k.startswith("_") and not isinstance(v, dict)
-              and k not in ("imports", "initialize", "run", "network")]
+              and k not in ("imports", "initialize", "run", "network", "run_settings")]
     assert base["settings"] == {k: f"@{k}" for k in values}
+    assert base["run_settings"] == "$lungcal.runtime.settings.typed_settings(@settings)"  # its switches, parsed once
     for name in VARIANTS:
         cfg = json.loads((BUNDLES / f"{name}.json").read_text())
         assert len([k for k in cfg if not k.startswith("_")]) <= 15, name
