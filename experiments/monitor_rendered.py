@@ -39,8 +39,10 @@ The exact commands (from the project root, with the project's environment)::
     python experiments/monitor_rendered.py tables runs/mon/stable_monitor.json runs/mon/change_monitor.json \\
         --csv docs/results/data/monitor_rendered_2026-12-07.csv.gz
 
-(``<RUN>``: the stage-1 run id the bundle printed; ``lungcal runs --tracking-uri sqlite:///runs/mon/mlflow.db``
-lists it.)
+The 2026-12-07 entry ran the bundle with ``--epochs 8`` (the 2 shared cores could not train 120 epochs by its
+deadline): a model near chance, so its sensitivity columns say little; drop the override for the real test.
+(``<RUN>``: the stage-1 run id the bundle logs, the parent named by ``recalibrate``; ``lungcal ui --tracking-uri
+sqlite:///runs/mon/mlflow.db`` shows it.)
 """
 from __future__ import annotations
 
@@ -165,7 +167,7 @@ def cmd_tables(args: argparse.Namespace) -> None:
                                    "mm)")):
         print(f"**{title}**\n\n{table(rows[name])}\n")
         first = next((r["month"] for r in rows[name] if r["alerts"]), None)
-        print(f"first alert: month {first}; alerting months: "
+        print(f"first alert: month {first or 'none'}; alerting months: "
               f"{', '.join(str(r['month']) for r in rows[name] if r['alerts']) or 'none'}\n")
     print("| site | months | mean CBPE estimate | pooled observed sensitivity (cancers) |\n|---|---|---|---|")
     for name, months in (("stable", range(1, 13)), ("change", range(1, CHANGE_MONTH)),

@@ -44,7 +44,7 @@ def test_tables_read_the_monitor_json_and_write_the_rows(tmp_path, capsys):
     (tmp_path / "c.json").write_text(json.dumps(_doc(True)))
     mr.main(["tables", str(tmp_path / "s.json"), str(tmp_path / "c.json"), "--csv", str(tmp_path / "rows.csv.gz")])
     out = capsys.readouterr().out
-    assert "first alert: month None; alerting months: none" in out
+    assert "first alert: month none; alerting months: none" in out
     assert "first alert: month 4; alerting months: 4, 5, 6, 7, 8, 9, 10, 11, 12" in out
     assert "scanner_shift(still)" in out and "**not valid**" in out and "| noise_hu |" in out
     assert "| change | 4-12 | 0.900 | 0.800 (135) |" in out
