@@ -194,6 +194,15 @@ class ShellLesionDetector(LesionDetector):
         return self.rerank(self.pools(image, lung_mask, spacing, affine), image, lung_mask, spacing)
 
 
+def lesion_rows(m: dict, variant: str, c: Candidates, aff: np.ndarray, preset) -> list[dict]:
+    """One row per lesion of the kept scan ``m``: its rank in the candidates ``c`` and whether it is in the bag."""
+    ranks = lesion_ranks(np.array(m["centres"]), np.array(m["radii"]), np.array(m["mass"]), c.voxel, c.world, aff,
+                         preset.patch_size)
+    return [{"variant": variant, "background": m["background"], "scan": m["file"], "kind": x["kind"],
+             "place": x["place"], "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"], "core_frac": x["core_frac"],
+             "rank": int(r), "in_bag": bool(0 < r <= preset.k)} for x, r in zip(m["lesions"], ranks)]
+
+
 def rerank_rows(cache: Path, settings: dict[str, dict], pool: int = 128) -> list[dict]:
     """As :func:`score` for :class:`ShellLesionDetector` settings (name -> its keyword arguments), with each
     scan's channels run once (their best ``pool``) and only the re-ranking per setting."""
@@ -209,12 +218,7 @@ def rerank_rows(cache: Path, settings: dict[str, dict], pool: int = 128) -> list
         lists = base.pools(img, lung, sp, aff, pool=pool)
         for name, det in dets.items():
             c = det.rerank(lists, img, lung, sp).top(preset.k)
-            ranks = lesion_ranks(np.array(m["centres"]), np.array(m["radii"]), np.array(m["mass"]), c.voxel,
-                                 c.world, aff, preset.patch_size)
-            for x, r in zip(m["lesions"], ranks):
-                rows.append({"variant": name, "background": m["background"], "scan": m["file"], "kind": x["kind"],
-                             "place": x["place"], "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"],
-                             "core_frac": x["core_frac"], "rank": int(r), "in_bag": bool(0 < r <= preset.k)})
+            rows += lesion_rows(m, name, c, aff, preset)
     return rows
 
 
@@ -259,12 +263,7 @@ def score(cache: Path, variants: dict[str, dict]) -> list[dict]:
         sp = np.linalg.norm(aff[:3, :3], axis=0)
         for name, det in dets.items():
             c = det.detect(img[None], lung, sp, aff)
-            ranks = lesion_ranks(np.array(m["centres"]), np.array(m["radii"]), np.array(m["mass"]), c.voxel,
-                                 c.world, aff, preset.patch_size)
-            for x, r in zip(m["lesions"], ranks):
-                rows.append({"variant": name, "background": m["background"], "scan": m["file"], "kind": x["kind"],
-                             "place": x["place"], "diameter_mm": x["diameter_mm"], "gg_hu": x["gg_hu"],
-                             "core_frac": x["core_frac"], "rank": int(r), "in_bag": bool(0 < r <= preset.k)})
+            rows += lesion_rows(m, name, c, aff, preset)
     return rows
 
 

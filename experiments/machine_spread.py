@@ -58,8 +58,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from mlflow.tracking import MlflowClient
+
+from lungcal.engine.model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOBS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
@@ -83,8 +84,8 @@ import hashlib, json, sys
 import torch
 from lungcal.candidates.cache import build_bags, load_bag
 from lungcal.data.manifest import load_manifest
-from lungcal.engine.model.checkpoint import bag_params_of
-ck = torch.load(sys.argv[1], map_location="cpu", weights_only=False)
+from lungcal.engine.model.checkpoint import bag_params_of, load_checkpoint
+ck = load_checkpoint(sys.argv[1])
 rows = load_manifest(sys.argv[2])[: int(sys.argv[4])]
 built = build_bags(rows, bag_params_of(ck), sys.argv[3], num_workers=0, progress=False)
 h = hashlib.sha256()
@@ -137,7 +138,7 @@ def arm_env(changes: dict[str, str]) -> dict[str, str]:
 
 
 def weights_hash(path: Path) -> str:
-    sd = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    sd = load_checkpoint(path)["state_dict"]
     h = hashlib.sha256()
     for k in sorted(sd):
         h.update(k.encode())
