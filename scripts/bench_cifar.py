@@ -66,6 +66,9 @@ def bench_trainer(x, y, steps: int, device: torch.device, method: str, amp: bool
     os.chdir(ROOT)  # the bundle paths resolve from the project root
     p = load_bundle(recipe_files(f"cifar10_{method}"), {"device": str(device), "epochs": 1, "amp": amp})
     p["data"] = CifarSplits(x.to(device), y.to(device), x[:1], y[:1], x[:1], y[:1], class_counts=[1] * 10)
+    for key, ref in p["settings"].items():  # the recorded settings read the data section's config (@data#subset),
+        if isinstance(ref, str) and ref.startswith(("@data#", "@data::")):  # which an object in its place no longer has
+            p[f"settings#{key}"] = None
     p["train#handlers"] = p["train#handlers"][:1]  # the per-iteration LrScheduleHandler
     trainer = p.get_parsed_content("train#trainer")
     start: list[float] = []
