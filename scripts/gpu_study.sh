@@ -59,6 +59,16 @@ for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || { rc=1; echo "study job ${JOBS[$i]} FAILED:"; tail -5 "$OUT/study_$(echo "${JOBS[$i]}" | cut -d' ' -f1).log"; }
 done
 echo "== stage 1 + TS + LAS done in $(( $(date +%s) - t0 )) s (rc $rc)"
+# every finished run's test predictions, config, commit and data hashes, to commit under docs/results/data/study
+# (issue 47 item 6: the verdicts are recomputed from these by `lungcal archive --check`, whatever happens to the stores)
+for job in "${JOBS[@]}"; do
+  read -r name d m extra <<< "$job"
+  lungcal archive --experiment "$d" --tracking-uri "sqlite:///$OUT/$name.db" --out "$OUT/archive/$name" \
+    > "$OUT/archive_$name.log" 2>&1 || { rc=1; tail -3 "$OUT/archive_$name.log"; }
+done
+for dir in "$OUT/archive/"*/; do
+  echo "== archive $(basename "$dir"): $(lungcal archive --check "$dir" 2>&1 | tail -1)"
+done
 for job in "${JOBS[@]}"; do
   read -r name d m extra <<< "$job"
   echo "== $name"

@@ -17,7 +17,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``study``, ``report``, ``compare`` and ``uncertainty`` to the ``lungcal`` parser."""
+    """Add ``study``, ``report``, ``compare``, ``archive`` and ``uncertainty`` to the ``lungcal`` parser."""
     p = subparsers.add_parser(
         "study", help="run the study grid (dataset x stage-1 x stage-2) through the bundles, resuming",
         description="Run a grid of dataset x stage-1 method x stage-2 method through the bundles. "
@@ -91,6 +91,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
     p.set_defaults(func=_compare)
+
+    p = subparsers.add_parser(
+        "archive", help="keep runs' test predictions, config, commit and data hashes in a file each; check them",
+        description="Write each run's split predictions (probabilities and labels, no identifiers), its params,\n"
+        "its lungcal tags and commit, and the metrics it logged, into\n"
+        "<DIR>/<experiment>_<stage1>_<stage2>_seed<s>_<id>.npz,\n"
+        "so a results table can be recomputed after the run store is gone. --check recomputes every archive in\n"
+        "DIR with the run's own bins, bootstrap and seed and compares with what the run logged (exit 1 if not).",
+        epilog="examples:\n  lungcal archive <run id> <run id> --out docs/results/data/study\n"
+        "  lungcal archive --experiment cifar10lt --tracking-uri sqlite:///runs/gpu_study/cifar10lt_ce.db --out DIR\n"
+        "  lungcal archive --check docs/results/data/study",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run IDs to archive")
+    p.add_argument("--experiment", default=None, help="archive every finished run of this experiment that logged "
+                   "predictions of the split")
+    p.add_argument("--out", default=None, help="the folder the archives go to")
+    p.add_argument("--split", default="test", help="split whose predictions are archived (default: test)")
+    p.add_argument("--check", default=None, metavar="DIR", help="recompute and compare every archive in DIR")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the project's SQLite store)")
+    p.set_defaults(func=_archive)
 
     p = subparsers.add_parser(
         "uncertainty", help="compare single model, +TS, MC dropout, deep ensemble and ensemble+TS on CT",
@@ -169,6 +189,40 @@ def _compare(args: argparse.Namespace) -> int:
         verdict = "" if d["significant"] else "  not significant"
         print(f"{metric}: A - B = {d['diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]  p = {d['p_value']:.3g}"
               + verdict)
+    return 0
+
+
+def _archive(args: argparse.Namespace) -> int:
+    from lungcal.errors import ConfigError
+    from lungcal.study.archive import archive_run, check_archive
+    from lungcal.tracking.tracker import default_tracking_uri, open_store
+
+    if args.check:
+        files = sorted(Path(args.check).glob("*.npz"))
+        if not files:
+            raise ConfigError(f"no archive (*.npz) in {args.check}", field="--check",
+                              fix="write archives with lungcal archive RUN --out DIR")
+        bad = 0
+        for f in files:
+            problems = check_archive(f)
+            bad += bool(problems)
+            print(f"{f.name}: " + ("reproduced" if not problems else "MISMATCH: " + "; ".join(problems)))
+        print(f"{len(files) - bad} of {len(files)} archives reproduce their runs' logged metrics")
+        return 1 if bad else 0
+    if not args.out or not (args.runs or args.experiment):
+        raise ConfigError("archive needs RUN ids or --experiment, and --out", field="--out",
+                          fix="lungcal archive <run id> --out DIR, or lungcal archive --check DIR")
+    client = open_store(args.tracking_uri or default_tracking_uri())
+    runs = list(args.runs)
+    if args.experiment:
+        exp = client.get_experiment_by_name(args.experiment)
+        if exp is None:
+            raise ConfigError(f"no experiment {args.experiment!r} in the store", field="--experiment",
+                              fix="pass --tracking-uri of the store that holds it")
+        runs += [r.info.run_id for r in client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
+                 if any(k.startswith(f"{args.split}/") for k in r.data.metrics)]
+    for run_id in runs:
+        print(archive_run(client, run_id, args.out, args.split))
     return 0
 
 

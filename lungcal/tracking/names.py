@@ -30,6 +30,8 @@ __all__ = [
     "TAG_STUDY_JOB",
     "ENV_STUDY_JOB",
     "TAG_OWNER_PID",
+    "MLFLOW_GIT_COMMIT",
+    "TAG_CODE_DIRTY",
     "TAG_OWNER_HOST",
     "TAG_OWNER_START",
     "TAG_ENDED_BY",
@@ -122,6 +124,11 @@ TAG_OUTCOME = "lungcal.outcome"
 
 #: MLflow's own tag that nests a child run under its parent in the UI.
 MLFLOW_PARENT = "mlflow.parentRunId"
+#: the code that ran: MLflow's own tag for the git commit (the UI shows it on the run's page), set on every run
+#: started from a git checkout of lungcal (:func:`lungcal.tracking.tracker.code_version`), and whether the
+#: checkout's tracked files differed from that commit (``true`` / ``false``).
+MLFLOW_GIT_COMMIT = "mlflow.source.git.commit"
+TAG_CODE_DIRTY = "lungcal.code_dirty"
 #: MLflow 3's experiment tag for the kind of work (``custom_model_development`` = "Machine learning" in the
 #: UI's selector). MLflow 3.0-3.x used it to pick the landing page; 3.17 picks it from the URL's
 #: ``workflowType`` instead (see :mod:`lungcal.tracking.runs_view`), so lungcal prints that URL.

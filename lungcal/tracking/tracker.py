@@ -17,12 +17,14 @@ name and content hash, never by row contents.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Mapping
@@ -46,13 +48,16 @@ from lungcal.tracking.names import (
     ENV_STUDY_JOB,
     EXPERIMENT_KIND_TRAINING,
     MLFLOW_EXPERIMENT_KIND,
+    MLFLOW_GIT_COMMIT,
     MLFLOW_PARENT,
+    TAG_CODE_DIRTY,
     TAG_PARENT,
     TAG_STUDY_JOB,
 )
 from lungcal.tracking.runs_view import ensure_runs_view, saved_view_tag
 
 __all__ = [
+    "code_version",
     "default_tracking_uri",
     "artifact_root_for",
     "flatten_config",
@@ -76,6 +81,36 @@ _TEAM_FIX = 'pip install -e ".[team]"'
 _PATH_SUFFIX = re.compile(
     r"\.(json|csv|tsv|nii|nii\.gz|mha|mhd|nrrd|dcm|pt|pth|npz|npy|db|zip|txt|yaml|yml)$", re.I
 )
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict[str, str]:
+    """The tags that say which code ran: the commit of the git checkout lungcal runs from
+    (:data:`~lungcal.tracking.names.MLFLOW_GIT_COMMIT`, MLflow's own tag) and whether its tracked files differ
+    from it (:data:`~lungcal.tracking.names.TAG_CODE_DIRTY`). Empty when lungcal is not run from a checkout of
+    its own (an installed wheel, a checkout without git): the run then says nothing rather than another
+    repository's commit. Read once per process."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20,
+                                 check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root:
+        return {}
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    tags = {MLFLOW_GIT_COMMIT: commit}
+    if status is not None:
+        tags[TAG_CODE_DIRTY] = "true" if status else "false"
+    return tags
 
 
 def default_tracking_uri(output_dir: str | Path | None = None) -> str:
@@ -326,6 +361,7 @@ class RunTracker:
                 logger.debug("could not check for orphaned runs", exc_info=True)
             all_tags = {str(k): str(v) for k, v in (tags or {}).items()}
             all_tags.update(owner_tags())
+            all_tags.update(code_version())
             if os.environ.get(ENV_STUDY_JOB):  # a `lungcal study` job: lets the study find this job's runs
                 all_tags[TAG_STUDY_JOB] = os.environ[ENV_STUDY_JOB]
             if parent_run_id:
