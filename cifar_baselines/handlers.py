@@ -1,6 +1,6 @@
 """ignite handlers of the CIFAR ``train#handlers`` that talk to the run: MLflow epoch metrics, checkpoint.
 
-Each reads the bundle's ``workflow`` (:class:`cifar_baselines.workflow.Stage1Run`) it is given: its
+Each reads the bundle's ``workflow`` (:class:`cifar_baselines.stages.Stage1Run`) it is given: its
 ``tracker`` (the open :class:`lungcal.tracking.RunTracker`, set when ``run`` opens it), ``epoch_log``,
 ``settings``, ``data`` and ``checkpoint_path()`` / ``selection_path()``. MONAI attaches handlers in list
 order, so put :class:`MLflowEpochLogger` after the ``ValidationHandler``: it then logs that epoch's

@@ -33,8 +33,8 @@ from torch.optim.swa_utils import update_bn
 from cifar_baselines.batches import BatchIterator, augment_batch
 from cifar_baselines.data import CifarSplits
 from cifar_baselines.resnet import resnet32
+from cifar_baselines.stages import load_stage1
 from cifar_baselines.steps import predict, prepare_images
-from cifar_baselines.workflow import load_stage1
 from lungcal.calibration.metrics import calibration_report, paired_bootstrap_diff
 
 SOURCES = ("train", "balanced")

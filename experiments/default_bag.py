@@ -47,11 +47,11 @@ from scanner_mix_pair import paired_datalists, run_bundle  # noqa: E402
 
 from lungcal.calibration.measures.bootstrap import calibration_report  # noqa: E402
 from lungcal.calibration.measures.significance import paired_bootstrap_diff  # noqa: E402
+from lungcal.ctapp.evaluate.calibrators import reference_calibrator  # noqa: E402
+from lungcal.ctapp.infer.scoring import score_rows  # noqa: E402
+from lungcal.ctapp.model.checkpoint import load_stage1  # noqa: E402
 from lungcal.data.manifest import load_manifest  # noqa: E402
 from lungcal.data.synthetic.cohort import DEMO_DEFAULTS, cohort_datalist_path  # noqa: E402
-from lungcal.engine.evaluate.calibrators import reference_calibrator  # noqa: E402
-from lungcal.engine.infer.scoring import score_rows  # noqa: E402
-from lungcal.engine.model.checkpoint import load_stage1  # noqa: E402
 
 SITE = ["--n", "400", "--prevalence", "0.4", "--seed", "7", "--noise-hu", "32", "--kernel-mm", "1.8",
         "--formats", "nii", "--site", "site-b"]

@@ -12,7 +12,7 @@ by the solid channel, ``interleave(..., reference="S")``):
 - **phantoms** (synthetic cohorts, ``lungcal synth``): per nodule type, the share in the bag (K 8) and the
   CPM with its 95 % CI over CTs (as ``experiments/nodule_types.py``);
 - **the lesion bed** (lesions inserted into the real CTs of ``../shared/data/ct`` that pass the series
-  checks, :mod:`lungcal.engine.evaluate.lesion_bed`, default preset): in the bag per kind at the issue's
+  checks, :mod:`lungcal.ctapp.evaluate.lesion_bed`, default preset): in the bag per kind at the issue's
   target sizes, and the candidates of the ground-glass channel left per CT.
 
     lungcal synth --out runs/phantoms/classic --n 60 --seed 34 --formats nifti
@@ -40,10 +40,10 @@ from lungcal.candidates.detector import Candidates
 from lungcal.candidates.lesions import LesionDetector, interleave
 from lungcal.candidates.sensitivity import lesion_ranks
 from lungcal.ct.transforms import preprocess_ct
+from lungcal.ctapp.evaluate.lesion_bed import PRESETS, _background, _preprocessed
+from lungcal.ctapp.evaluate.lesion_bed_run import find_backgrounds
 from lungcal.data.manifest import load_manifest
 from lungcal.data.synthetic.insertion import insert_lesions, plan_lesions
-from lungcal.engine.evaluate.lesion_bed import PRESETS, _background, _preprocessed
-from lungcal.engine.evaluate.lesion_bed_run import find_backgrounds
 
 _spec = importlib.util.spec_from_file_location("nodule_types", Path(__file__).with_name("nodule_types.py"))
 assert _spec is not None and _spec.loader is not None
@@ -125,7 +125,7 @@ def target(kind: str, d: float, gg_hu: float | None) -> bool:
 
 
 def bed(ct_dir: Path, seed: int, per_cell: int) -> list[dict]:
-    """The lesion bed's draw (as :func:`~lungcal.engine.evaluate.lesion_bed.bed_rows`), each inserted scan
+    """The lesion bed's draw (as :func:`~lungcal.ctapp.evaluate.lesion_bed.bed_rows`), each inserted scan
     through the default preset's preprocessing, both channels once, then every gate."""
     ch = Channels()
     bgs, _ = find_backgrounds(ct_dir)  # the CTs that pass the series checks (not the 8 mm one)

@@ -3,7 +3,7 @@ ground-glass channel, or contrast against the local lung background, bring more 
 ground-glass nodules into the default bag?
 
 Inserting lesions and preprocessing dominate a lesion-bed run, so this script does both once: ``build``
-draws the lesion bed (as :func:`~lungcal.engine.evaluate.lesion_bed.bed_rows`: the same planner, seed and
+draws the lesion bed (as :func:`~lungcal.ctapp.evaluate.lesion_bed.bed_rows`: the same planner, seed and
 backgrounds, the kinds asked for) and keeps each inserted scan as the default preset preprocessed it;
 ``score`` runs each named detector on the kept scans and prints the share in the K = 16 bag at the
 issue's target sizes (part-solid and solid >= 8 mm, ground glass >= 10 mm at -700 HU or denser, masses),
@@ -58,10 +58,10 @@ from lungcal.candidates.lesions import (  # noqa: E402
 )
 from lungcal.candidates.sensitivity import lesion_ranks  # noqa: E402
 from lungcal.ct.transforms import preprocess_ct  # noqa: E402
+from lungcal.ctapp.evaluate.lesion_bed import HU_WINDOW, PRESETS, _background, _preprocessed  # noqa: E402
+from lungcal.ctapp.evaluate.lesion_bed_run import cells_of, find_backgrounds  # noqa: E402
 from lungcal.data.manifest import load_manifest  # noqa: E402
 from lungcal.data.synthetic.insertion import insert_lesions, plan_lesions  # noqa: E402
-from lungcal.engine.evaluate.lesion_bed import HU_WINDOW, PRESETS, _background, _preprocessed  # noqa: E402
-from lungcal.engine.evaluate.lesion_bed_run import cells_of, find_backgrounds  # noqa: E402
 from lungcal.runtime.parallel import gaussian_filter_  # noqa: E402
 
 

@@ -41,8 +41,8 @@ from PIL import Image
 from scipy import ndimage
 
 from lungcal.ct.acquisition import acquisition_stats
+from lungcal.ctapp.evaluate.lesion_bed import real_lesions
 from lungcal.data.synthetic.insertion import Background, InsertedLesion, choose_centre, insert_lesions, load_background
-from lungcal.engine.evaluate.lesion_bed import real_lesions
 from lungcal.errors import LungcalError
 
 WINDOW = (-1000.0, 400.0)

@@ -43,8 +43,8 @@ from glass_variants import ShellLesionDetector, target  # noqa: E402
 from lungcal.candidates.detector import Candidates  # noqa: E402
 from lungcal.candidates.sensitivity import holds_centre, lesion_ranks  # noqa: E402
 from lungcal.candidates.subsolid import merge_candidates  # noqa: E402
-from lungcal.engine.evaluate.lesion_bed import PRESETS  # noqa: E402
-from lungcal.engine.evaluate.lesion_bed_run import find_backgrounds  # noqa: E402
+from lungcal.ctapp.evaluate.lesion_bed import PRESETS  # noqa: E402
+from lungcal.ctapp.evaluate.lesion_bed_run import find_backgrounds  # noqa: E402
 
 #: spherical shells in mm around a candidate's centre, and in multiples of its radius
 SHELLS_MM = ((0, 2.5), (2.5, 5), (5, 7.5), (7.5, 10), (10, 15), (15, 20))

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from lungcal.engine.model.checkpoint import load_checkpoint
+from lungcal.ctapp.model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOBS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
@@ -84,7 +84,7 @@ import hashlib, json, sys
 import torch
 from lungcal.candidates.cache import build_bags, load_bag
 from lungcal.data.manifest import load_manifest
-from lungcal.engine.model.checkpoint import bag_params_of, load_checkpoint
+from lungcal.ctapp.model.checkpoint import bag_params_of, load_checkpoint
 ck = load_checkpoint(sys.argv[1])
 rows = load_manifest(sys.argv[2])[: int(sys.argv[4])]
 built = build_bags(rows, bag_params_of(ck), sys.argv[3], num_workers=0, progress=False)

@@ -39,8 +39,8 @@ from skimage.draw import polygon
 
 from lungcal.ct.masking import LungMasker
 from lungcal.ct.transforms import DEFAULT_HU_WINDOW, build_preprocess
+from lungcal.ctapp.evaluate.lesion_bed import _mask_share, shared_backgrounds
 from lungcal.data.synthetic.insertion import insert_lesions, load_background, plan_lesions
-from lungcal.engine.evaluate.lesion_bed import _mask_share, shared_backgrounds
 from lungcal.errors import LungcalError
 
 CASES = ("LIDC-IDRI-0001", "LIDC-IDRI-0314", "NSCLC-Radiomics-LUNG1-002")

@@ -17,7 +17,7 @@ then compares, on the test split:
 * ``(c) MMCE``: the MMCE-trained model as trained (and ``(c)+TS``).
 
 Bag level: ECE and AUC with 95% bootstrap CIs, NLL, Brier, the paired-bootstrap ECE difference
-against ``none``. Instance level (:mod:`lungcal.engine.evaluate.instance_truth`): every candidate of every
+against ``none``. Instance level (:mod:`lungcal.ctapp.evaluate.instance_truth`): every candidate of every
 test CT is matched to the phantom's nodules (LUNA16 rule: centre within the nodule's radius) and
 labelled malignant / not; its probability is the model's posterior that this candidate is the
 cancer (log-sum-exp: ``P(cancer) x`` its attention share, the leak in the denominator). Reported
@@ -54,12 +54,12 @@ from monai.bundle import run as bundle_run
 
 from lungcal.calibration import paired_bootstrap_diff
 from lungcal.calibration.scaling import make_calibrator, probabilities
+from lungcal.ctapp.data.cohort import resolve_output_dir
+from lungcal.ctapp.evaluate.instance_truth import candidate_truth, instance_report, read_nodule_truth
+from lungcal.ctapp.evaluate.reports import evaluate_probs
+from lungcal.ctapp.model.checkpoint import load_stage1
 from lungcal.data.manifest import load_manifest, rows_for_split, save_manifest
 from lungcal.data.synthetic import ensure_demo_cohort
-from lungcal.engine.data.cohort import resolve_output_dir
-from lungcal.engine.evaluate.instance_truth import candidate_truth, instance_report, read_nodule_truth
-from lungcal.engine.evaluate.reports import evaluate_probs
-from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.mil.tempering import fit_pooling_temperature, instance_probabilities, pooled_logits, pooling_view
 from lungcal.paths import atomic_write_text
 from lungcal.runtime import resolve_device

@@ -45,9 +45,9 @@ import numpy as np
 
 from lungcal.calibration.shift import prevalence_interval
 from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
-from lungcal.engine.evaluate.site_assessment import PREVALENCE_SHIFT, SCANNER_SHIFT, Reference, acquisition_checks
-from lungcal.engine.site.monitoring import AlertRule, chunk_statistics, run_alerts
-from lungcal.engine.site.subgroups import clopper_pearson
+from lungcal.ctapp.evaluate.site_assessment import PREVALENCE_SHIFT, SCANNER_SHIFT, Reference, acquisition_checks
+from lungcal.ctapp.site.monitoring import AlertRule, chunk_statistics, run_alerts
+from lungcal.ctapp.site.subgroups import clopper_pearson
 
 PREV, D, N_CALIBRATION, PROMISE = 0.3, 6, 300, 0.85
 VIEWS = ("outputs", "embeddings", "all")

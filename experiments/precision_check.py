@@ -38,8 +38,8 @@ import torch
 from cifar_baselines.batches import BatchIterator
 from cifar_baselines.data import CifarSplits
 from cifar_baselines.resnet import resnet32
+from cifar_baselines.stages import load_stage1
 from cifar_baselines.steps import TrainStep, training_precision
-from cifar_baselines.workflow import load_stage1
 from lungcal.calibration.losses import FocalLoss
 
 MEASURES = ("bf16 error", "bf16 cosine", "augmentation noise", "batch noise")

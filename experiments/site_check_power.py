@@ -4,7 +4,7 @@ per change x strength x site size, over many draws.
 ``experiments/site_check_rates.py`` tried each graded change on one site: a verdict, not a rate. Here each cell
 (a change at one strength) renders **one pool** of CTs, scored **once** by the model (its per-CT score, bag
 embedding and acquisition statistics); each draw is a random subset of the pool, and its verdict comes from
-:func:`lungcal.engine.evaluate.site_assessment.assess` on the subset's scored rows, the pure function that
+:func:`lungcal.ctapp.evaluate.site_assessment.assess` on the subset's scored rows, the pure function that
 ``lungcal site-check`` itself calls after scoring (with its defaults: alpha 0.05, 1000 permutations, 20
 subsamples). So a cell costs one pool's rendering and scoring, and a draw a second or two.
 
@@ -52,10 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import site_check_rates as rates  # noqa: E402
 
 from lungcal.ct.qc import QCConfig  # noqa: E402
-from lungcal.data.synthetic.scanners import FOUR_VENDORS, ScannerMix  # noqa: E402
-from lungcal.engine.data.series_qc import acquisitions, keep_passing, screen  # noqa: E402
-from lungcal.engine.evaluate.reports import binary_scores, flat_features  # noqa: E402
-from lungcal.engine.evaluate.site_assessment import (  # noqa: E402
+from lungcal.ctapp.data.series_qc import acquisitions, keep_passing, screen  # noqa: E402
+from lungcal.ctapp.evaluate.reports import binary_scores, flat_features  # noqa: E402
+from lungcal.ctapp.evaluate.site_assessment import (  # noqa: E402
     COMPARABLE,
     PREVALENCE_SHIFT,
     SCANNER_SHIFT,
@@ -63,9 +62,10 @@ from lungcal.engine.evaluate.site_assessment import (  # noqa: E402
     acquisition_checks,
     assess,
 )
-from lungcal.engine.infer.scoring import score_rows  # noqa: E402
-from lungcal.engine.model.checkpoint import load_stage1  # noqa: E402
-from lungcal.engine.site.subgroups import clopper_pearson  # noqa: E402
+from lungcal.ctapp.infer.scoring import score_rows  # noqa: E402
+from lungcal.ctapp.model.checkpoint import load_stage1  # noqa: E402
+from lungcal.ctapp.site.subgroups import clopper_pearson  # noqa: E402
+from lungcal.data.synthetic.scanners import FOUR_VENDORS, ScannerMix  # noqa: E402
 from lungcal.paths import atomic_write_text  # noqa: E402
 from lungcal.tracking.lookup import run_acquisition_summary, run_site_reference  # noqa: E402
 

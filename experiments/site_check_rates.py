@@ -34,8 +34,8 @@ import numpy as np
 from mlflow.tracking import MlflowClient
 
 from lungcal.ct.qc import QCConfig
+from lungcal.ctapp.site.site_check import site_check
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine.site.site_check import site_check
 from lungcal.paths import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from lungcal.errors import LungcalError
 COMMAND_MODULES = [
     "lungcal.data.commands",
     "lungcal.ct.commands",
-    "lungcal.engine.commands",
+    "lungcal.ctapp.commands",
     "lungcal.study.commands",
     "lungcal.tracking.commands",
 ]

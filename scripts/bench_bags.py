@@ -38,9 +38,9 @@ import torch
 from lungcal.calibration.losses import FocalLoss
 from lungcal.candidates.bagfile import member_layout, read_member
 from lungcal.candidates.cache import CACHE_VERSION
-from lungcal.engine.data.bagset import BagSet
-from lungcal.engine.data.bagstream import stream_split
-from lungcal.engine.data.cohort import load_split
+from lungcal.ctapp.data.bagset import BagSet
+from lungcal.ctapp.data.bagstream import stream_split
+from lungcal.ctapp.data.cohort import load_split
 from lungcal.mil import LogSumExpMIL, SmallCNNEncoder
 
 

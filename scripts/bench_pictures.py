@@ -3,7 +3,7 @@
 For each CT: ``load``: :func:`lungcal.ct.io.load_ct` (what the picture reads); ``bag``:
 :func:`lungcal.candidates.cache.compute_bag` with the CT bundles' bag parameters (2.5 mm, K=8,
 P=16: preprocessing, lung mask, detector, patches; what scoring costs per CT before the network);
-``picture``: :func:`lungcal.engine.evaluate.pictures.case_figure` on the loaded CT with the bag's three
+``picture``: :func:`lungcal.ctapp.evaluate.pictures.case_figure` on the loaded CT with the bag's three
 first candidates, saved as PNG. Printed: seconds (best of ``--repeat``), the picture's cost as a
 ratio to the bag's, and the PNG's size.
 
@@ -24,8 +24,8 @@ import torch
 
 from lungcal.candidates.cache import compute_bag
 from lungcal.ct.io import load_ct
+from lungcal.ctapp.evaluate.pictures import case_figure
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine.evaluate.pictures import case_figure
 
 SHARED_CT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ct" / "LIDC-IDRI-0001" / "ct.nii.gz"
 BAG_PARAMS = {"spacing": [2.5, 2.5, 2.5], "k": 8, "patch_size": 16}

@@ -5,7 +5,7 @@
 The kernel MMD^2 of a batch of 64 permutations (:func:`lungcal.calibration.shift._mmd2`, a quadratic form,
 one matrix product) against the plain block means it replaced (three gathered ``n x n`` blocks per
 permutation, written out here), at a site check's sizes (a matched reference subsample of 60-150 cases and
-a site of 30-120 CTs); then one :func:`lungcal.engine.evaluate.site_assessment.assess` with embeddings (1000
+a site of 30-120 CTs); then one :func:`lungcal.ctapp.evaluate.site_assessment.assess` with embeddings (1000
 permutations, 20 subsamples), the function that ``lungcal site-check``, ``predict --site`` and ``lungcal
 monitor`` call, with either statistic (both under the test's one-BLAS-thread limit). Synthetic Gaussian
 embeddings; only the time is measured.
@@ -20,7 +20,7 @@ from unittest import mock
 import numpy as np
 
 from lungcal.calibration import shift
-from lungcal.engine.evaluate.site_assessment import Reference, assess
+from lungcal.ctapp.evaluate.site_assessment import Reference, assess
 
 
 def block_means(kernel: np.ndarray, nx: int, order: np.ndarray) -> np.ndarray:

@@ -60,7 +60,7 @@ change), kept because it is why the test is built as it is now:
 # so the EM assertion FAILED: B's shift is a scanner (covariate) shift, not only a label shift.
 # 2026-12-02: B's 3.2 mm slices failed the default series checks (max 3.0 mm) that inference applies,
 # and `recalibrate` now runs them too, so B is scanned at 3.0 mm (80 slices, the same 240 mm). The
-# run trained with scanner-noise augmentation (augment_noise_hu 30, lungcal.engine.data.bagset
+# run trained with scanner-noise augmentation (augment_noise_hu 30, lungcal.ctapp.data.bagset
 # random_noise) to test whether B's collapse is the model reading cancer into B's noise. It is not:
 # B's AUC 0.518 [0.40, 0.62] (A 0.788), shipped ECE 0.617 (p < 0.001), auto = Platt 0.050 (p 0.042),
 # prior 0.057, EM 1.000 (no signal): the AUC guard fails first (docs/results.md). The augmentation is
@@ -96,11 +96,11 @@ from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.guarantee import cancers_needed, missed_cancer_threshold
 from lungcal.cli import main
+from lungcal.ctapp.infer.scoring import score_rows
+from lungcal.ctapp.model.checkpoint import load_stage1
+from lungcal.ctapp.site.recalibrate import recalibrate
 from lungcal.data.manifest import load_manifest, rows_for_split
 from lungcal.data.synthetic import DEMO_DEFAULTS, make_cohort
-from lungcal.engine.infer.scoring import score_rows
-from lungcal.engine.model.checkpoint import load_stage1
-from lungcal.engine.site.recalibrate import recalibrate
 from lungcal.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from cifar_baselines.bundle import load_bundle
-from cifar_baselines.workflow import Stage1Run
-from lungcal.engine.infer.inference import InferenceRun
-from lungcal.engine.train.las import LASRun
+from cifar_baselines.stages import Stage1Run
+from lungcal.ctapp.infer.inference import InferenceRun
+from lungcal.ctapp.train.las import LASRun
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.runtime.settings import (

@@ -2,7 +2,7 @@
 and how a stage-1 checkpoint rebuilds it.
 
 A detector plugged into a CT bundle's ``detector`` section (or passed to
-:class:`~lungcal.engine.data.cohort.CTCohort`) satisfies :class:`KeyedDetector`::
+:class:`~lungcal.ctapp.data.cohort.CTCohort`) satisfies :class:`KeyedDetector`::
 
     class KeyedDetector(Protocol):
         def detect(self, image, lung_mask, spacing, affine) -> Candidates: ...

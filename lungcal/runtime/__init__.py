@@ -1,4 +1,5 @@
-"""Run-time pieces shared by the CT engine and ``cifar_baselines`` (a leaf: it imports no lungcal package).
+"""Run-time pieces shared by the CT application (``lungcal.ctapp``) and ``cifar_baselines`` (a leaf: it imports
+no lungcal package).
 
 - ``device.py``: one meaning of ``device: auto`` and of ``seed`` (:func:`resolve_device`, :func:`seed_everything`);
 - ``resume.py``: crash-safe runs: run identity, ignite checkpoints with every RNG state, resume;

@@ -1,4 +1,5 @@
-"""Run-time choices shared by the CT engine and ``cifar_baselines``: the torch device and seeding.
+"""Run-time choices shared by the CT application (``lungcal.ctapp``) and ``cifar_baselines``: the torch device and
+seeding.
 
 One helper each, so that ``device: "auto"`` and ``seed`` mean the same thing in every bundle.
 """

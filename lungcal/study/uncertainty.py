@@ -6,7 +6,7 @@ evaluates from the members' checkpoints, on the same cases (issue 18, item 1):
 * ``single``: member 0 (the focal recipe, seed ``seed``), one deterministic pass;
 * ``single+TS``: the same with a temperature fitted on validation;
 * ``MC dropout``: member 0, mean softmax of ``mc_samples`` seeded passes with dropout on
-  (:func:`lungcal.engine.model.predict.predict_uncertainty`); ``MC dropout+TS``: TS on ``log`` of the mean;
+  (:func:`lungcal.ctapp.model.predict.predict_uncertainty`); ``MC dropout+TS``: TS on ``log`` of the mean;
 * ``ensemble``: the average probability of the M members; ``ensemble+TS``: TS fitted on validation
   on the log of that average (pool, then calibrate), as the parent run of the bundle logs it.
 
@@ -32,10 +32,10 @@ from monai.bundle import run as bundle_run
 
 from lungcal.calibration import aurc, paired_bootstrap_diff
 from lungcal.calibration.scaling import make_calibrator, probabilities
-from lungcal.engine.data.cohort import resolve_output_dir
-from lungcal.engine.evaluate.reports import evaluate_probs
-from lungcal.engine.model.checkpoint import load_stage1
-from lungcal.engine.model.predict import ensemble_uncertainty, predict_uncertainty
+from lungcal.ctapp.data.cohort import resolve_output_dir
+from lungcal.ctapp.evaluate.reports import evaluate_probs
+from lungcal.ctapp.model.checkpoint import load_stage1
+from lungcal.ctapp.model.predict import ensemble_uncertainty, predict_uncertainty
 from lungcal.errors import ConfigError, TrackingError
 from lungcal.runtime import resolve_device
 from lungcal.tracking import MLFLOW_PARENT, TAG_ENSEMBLE, default_tracking_uri

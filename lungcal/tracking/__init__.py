@@ -1,4 +1,4 @@
-"""MLflow tracking shared by the CT engine, the study and ``cifar_baselines``.
+"""MLflow tracking shared by the CT application (``lungcal.ctapp``), the study and ``cifar_baselines``.
 
 - ``names.py``: every tag, metric and artifact name, defined once;
 - ``tracker.py``: :class:`RunTracker` (one MLflow run; flattened, privacy-filtered params);

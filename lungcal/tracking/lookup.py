@@ -174,7 +174,7 @@ def linked_calibrator(tracking_uri: str, run, site: str | None = None,
 
     The run's artifact ``calibrator/<name>.json`` is downloaded and turned into the calibrator by
     ``load(text)``. ``lungcal.tracking`` may not import ``lungcal.calibration`` (independent
-    layers), so the engine passes its loader (:func:`lungcal.engine.evaluate.calibrators.load_calibrator`);
+    layers), so the CT application passes its loader (:func:`lungcal.ctapp.evaluate.calibrators.load_calibrator`);
     without one the parsed JSON state is returned.
     """
     found = linked_calibrator_run(tracking_uri, run, site=site)

@@ -169,7 +169,7 @@ ACQUISITION_ARTIFACT = "data/acquisition.json"
 SITE_REFERENCE_ARTIFACT = "data/site_reference.npz"
 #: which CTs made a CT stage-1 run's checkpoint: the pseudonyms of its train split (trained it) and of its val
 #: split (chose its epoch), and the metric that chose it; ``recalibrate --miss-rate`` refuses to certify a
-#: threshold on those CTs (lungcal.engine.site.certify_split)
+#: threshold on those CTs (lungcal.ctapp.site.certify_split)
 SELECTION_ARTIFACT = "data/selection.json"
 #: the tag of a ``lungcal site-check`` run: its verdict (``comparable``, ``prevalence_shift``, ``scanner_shift``)
 TAG_SITE_CHECK = "lungcal.site_check"

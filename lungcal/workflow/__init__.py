@@ -1,4 +1,5 @@
-"""The tracked-run skeleton that the CT engine and ``cifar_baselines`` share (a layer both may import).
+"""The tracked-run skeleton that the CT application (``lungcal.ctapp``) and ``cifar_baselines`` share (a layer both
+may import).
 
 - ``stage1.py``: :class:`TrackedStage1` (open or resume -> train -> evaluate -> post-hoc child runs ->
   paired differences -> summary), the settings it takes from a bundle (:class:`Store`, :class:`Evaluation`);

@@ -17,7 +17,7 @@ from monai.networks.nets import ResNet
 
 from cifar_baselines.bundle import LAS_BASE, STAGE1_BASE, load_bundle, main, recipe_files, run_bundle
 from cifar_baselines.resnet import resnet32
-from cifar_baselines.workflow import LASRun, Stage1Run
+from cifar_baselines.stages import LASRun, Stage1Run
 from lungcal.calibration.handlers import CalibrationMetrics
 from lungcal.calibration.losses import FocalLoss, LabelAwareSmoothingLoss
 from lungcal.errors import ConfigError
@@ -193,7 +193,7 @@ def test_each_las_recipe_resolves_to_the_values_of_the_old_files(name):
     want = {**LAS_SETTINGS, **LAS_CHANGES[name]}
     assert p.get_parsed_content("settings") == want
     assert _arguments(p, "optimizer") == {
-        "_target_": "torch.optim.SGD", "params": "$cifar_baselines.workflow.trainable_head(@network)", "lr": 0.05,
+        "_target_": "torch.optim.SGD", "params": "$cifar_baselines.stages.trainable_head(@network)", "lr": 0.05,
         "momentum": 0.9, "weight_decay": want["weight_decay"]}
     assert _arguments(p, "loss") == {
         "_target_": "lungcal.calibration.losses.LabelAwareSmoothingLoss", "class_counts": "$@data.class_counts",

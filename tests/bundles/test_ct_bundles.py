@@ -20,8 +20,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from monai.bundle import ckpt_export, run
 
+from lungcal.ctapp.model.checkpoint import load_stage1
 from lungcal.data.manifest import load_manifest
-from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lungcal.calibration import auroc
-from lungcal.engine.train.ensemble import EnsembleRun
+from lungcal.ctapp.train.ensemble import EnsembleRun
 from lungcal.errors import ConfigError
 from lungcal.runtime.exit_hook import find_lungcal_error
 from lungcal.tracking import (
@@ -29,9 +29,9 @@ def test_the_ensemble_bundle_states_only_what_differs_from_the_focal_recipe():
     focal = json.loads((BUNDLES / "nlst_focal.json").read_text())
     ens = json.loads((BUNDLES / "nlst_ensemble.json").read_text())
     assert set(ens) - {"_comment", "+initialize"} == {"ensemble_members", "workflow"} and ens["ensemble_members"] == 5
-    assert ens["workflow"]["_target_"] == "lungcal.engine.train.ensemble.EnsembleRun"
+    assert ens["workflow"]["_target_"] == "lungcal.ctapp.train.ensemble.EnsembleRun"
     assert ens["workflow"]["member_files"] == ["bundles/nlst_focal.json"]
-    assert focal["workflow"]["_target_"] == "lungcal.engine.train.stage1.Stage1Run"
+    assert focal["workflow"]["_target_"] == "lungcal.ctapp.train.stage1.Stage1Run"
 
 
 @pytest.fixture(scope="module")

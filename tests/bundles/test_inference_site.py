@@ -20,13 +20,13 @@ from monai.bundle import run
 from lungcal.calibration.prior import PriorAdjusted, adjust_to_prior
 from lungcal.calibration.scaling import PlattScaler, probabilities
 from lungcal.candidates.cache import build_bags
+from lungcal.ctapp.data.bagset import BagSet
+from lungcal.ctapp.data.cohort import load_split
+from lungcal.ctapp.evaluate.calibrators import reference_calibrator
+from lungcal.ctapp.model.checkpoint import load_stage1
+from lungcal.ctapp.model.predict import predict
 from lungcal.data.manifest import load_manifest
 from lungcal.data.synthetic import make_cohort
-from lungcal.engine.data.bagset import BagSet
-from lungcal.engine.data.cohort import load_split
-from lungcal.engine.evaluate.calibrators import reference_calibrator
-from lungcal.engine.model.checkpoint import load_stage1
-from lungcal.engine.model.predict import predict
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import RunTracker, default_tracking_uri
 

@@ -21,10 +21,10 @@ from mlflow.tracking import MlflowClient
 
 from cifar_baselines.bundle import recipe_files
 from cifar_baselines.resnet import resnet32
-from cifar_baselines.workflow import Stage1Model
+from cifar_baselines.stages import Stage1Model
 from lungcal.calibration.handlers import CalibrationMetrics
+from lungcal.ctapp.model.checkpoint import load_stage1
 from lungcal.data.manifest import load_manifest, rows_for_split
-from lungcal.engine.model.checkpoint import load_stage1
 from lungcal.runtime.bundle_config import build_section
 from lungcal.runtime.distributed import ENV, plain_state_dict, unwrap
 from lungcal.tracking import TAG_STAGE2, default_tracking_uri

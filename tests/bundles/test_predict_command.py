@@ -39,8 +39,8 @@ from lungcal.calibration.selective import REFERRAL_METRIC, referral_threshold
 from lungcal.calibration.shift import EmbeddingRange
 from lungcal.cli import main
 from lungcal.ct.acquisition import AcquisitionStats, summarize_acquisitions
-from lungcal.engine.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, reference_calibrator
-from lungcal.engine.evaluate.cases import (
+from lungcal.ctapp.evaluate.calibrators import SITE_CHECK_PARAM, SITE_CHECK_RUN_PARAM, reference_calibrator
+from lungcal.ctapp.evaluate.cases import (
     DEMO_NOTICE,
     NOT_COVERED,
     OOD_REASON,
@@ -48,7 +48,7 @@ from lungcal.engine.evaluate.cases import (
     answer_line,
     case_record,
 )
-from lungcal.engine.evaluate.pictures import (
+from lungcal.ctapp.evaluate.pictures import (
     _patch,
     _plane,
     case_figure,
@@ -56,9 +56,9 @@ from lungcal.engine.evaluate.pictures import (
     gallery_selection,
     log_split_pictures,
 )
-from lungcal.engine.infer.inference import InferenceRun, PartlyRefused
-from lungcal.engine.infer.ood import TrainingRange
-from lungcal.engine.model.predict import predict
+from lungcal.ctapp.infer.inference import InferenceRun, PartlyRefused
+from lungcal.ctapp.infer.ood import TrainingRange
+from lungcal.ctapp.model.predict import predict
 from lungcal.errors import ConfigError, DataError
 from lungcal.paths import atomic_write_text
 from lungcal.tracking import (

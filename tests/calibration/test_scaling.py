@@ -166,7 +166,7 @@ def test_vector_scaler_reduces_to_ts_family():
 
 # ----------------------------------------------------------------------------- TS absorbs the engine's centring
 def _fit_temperature_oracle(logits, labels) -> float:
-    """lungcal.engine.model.heads.fit_temperature before issue 14: float32 logits, each row centred,
+    """lungcal.ctapp.model.heads.fit_temperature before issue 14: float32 logits, each row centred,
     then the NLL minimum over log T in the scaler's bounds (here by an independent bounded search)."""
     z = torch.as_tensor(np.asarray(logits)).to(torch.float32)
     z = (z - z.mean(dim=1, keepdim=True)).to(torch.float64)

@@ -11,8 +11,8 @@ from lungcal.candidates.detector import Candidates, LoGBlobDetector, MaskMemo
 from lungcal.candidates.detector_config import detector_config, detector_from_config
 from lungcal.candidates.lesions import GlassChannel, LesionDetector, interleave, median_filter
 from lungcal.candidates.sensitivity import lesion_ranks
+from lungcal.ctapp.evaluate.lesion_bed import PRESETS, _preprocessed
 from lungcal.data.synthetic.insertion import InsertedLesion, choose_centre, draw_lesion, insert_lesions
-from lungcal.engine.evaluate.lesion_bed import PRESETS, _preprocessed
 
 WINDOW = (-1000.0, 400.0)
 

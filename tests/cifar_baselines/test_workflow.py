@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from cifar_baselines.bundle import load_bundle, recipe_files, run_bundle
 from cifar_baselines.data import COPY_UNVERIFIED, load_splits, pixel_hash
-from cifar_baselines.workflow import load_stage1
+from cifar_baselines.stages import load_stage1
 from lungcal.calibration.metrics import calibration_report
 from lungcal.errors import ConfigError
 from lungcal.study.differences import load_predictions

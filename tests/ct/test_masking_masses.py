@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from lungcal.ct.masking import LungMasker
+from lungcal.ctapp.evaluate.lesion_bed import real_lesions
 from lungcal.data.synthetic.insertion import InsertedLesion, choose_centre, draw_lesion, insert_lesions, load_background
-from lungcal.engine.evaluate.lesion_bed import real_lesions
 
 BEFORE = LungMasker(mass_chord_mm=0)  # the masker without step 5
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lungcal.engine.evaluate.site_assessment import COMPARABLE, PREVALENCE_SHIFT, SCANNER_SHIFT, Reference
+from lungcal.ctapp.evaluate.site_assessment import COMPARABLE, PREVALENCE_SHIFT, SCANNER_SHIFT, Reference
 from tests.experiments.conftest import load_script
 
 

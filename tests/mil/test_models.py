@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lungcal.calibration.las import retrain_head_las
-from lungcal.engine.model.heads import apply_head
+from lungcal.ctapp.model.heads import apply_head
 from lungcal.errors import ConfigError
 from lungcal.mil import (
     AttentionMIL,

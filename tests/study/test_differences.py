@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from lungcal.calibration.metrics import accuracy, auroc, ece
-from lungcal.engine.evaluate.reports import write_predictions
+from lungcal.ctapp.evaluate.reports import write_predictions
 from lungcal.study.differences import collect_claims, confidence_gap, paper_says, render_claims
 from lungcal.study.report import build_report
 from lungcal.tracking import RunTracker, default_tracking_uri

@@ -7,9 +7,9 @@ import pytest
 from lungcal.calibration import aurc, paired_bootstrap_diff
 from lungcal.calibration.scaling import probabilities
 from lungcal.cli import main
-from lungcal.engine.evaluate.reports import evaluate_probs
+from lungcal.ctapp.evaluate.reports import evaluate_probs
 from lungcal.study.uncertainty import comparison_table, score_models
-from tests.engine.test_predict_uncertainty import _loader, _model
+from tests.ctapp.test_predict_uncertainty import _loader, _model
 
 
 @pytest.fixture(scope="module")

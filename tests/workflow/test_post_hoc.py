@@ -15,8 +15,8 @@ from sklearn.linear_model import LogisticRegression
 
 from lungcal.calibration.metrics import paired_bootstrap_diff
 from lungcal.calibration.scaling import PlattScaler, TemperatureScaler, probabilities
-from lungcal.engine.evaluate.calibrators import load_calibrator, reference_calibrator
-from lungcal.engine.evaluate.reports import evaluate_probs
+from lungcal.ctapp.evaluate.calibrators import load_calibrator, reference_calibrator
+from lungcal.ctapp.evaluate.reports import evaluate_probs
 from lungcal.tracking import TAG_CALIBRATOR, TAG_FIT_WARNING, RunTracker, linked_calibrator
 from lungcal.workflow import Evaluation, SplitScores, Store, post_hoc_runs
 

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from lungcal.engine.train.stage1 import plan_text
+from lungcal.ctapp.train.stage1 import plan_text
 from lungcal.workflow.stages import announce, format_seconds, stage
 
 

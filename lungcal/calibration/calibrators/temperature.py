@@ -71,7 +71,7 @@ class TemperatureScaler(Calibrator):
     """Temperature scaling: ``softmax(z / T)`` with one scalar T > 0.
 
     ``fit`` first centres each row of the logits (``z - mean(z)``, which leaves softmax(z / T)
-    unchanged; ``lungcal.engine.model.heads.fit_temperature`` did this around the scaler before, and
+    unchanged; ``lungcal.ctapp.model.heads.fit_temperature`` did this around the scaler before, and
     the fitted T is the same), then minimises the mean NLL over ``log T`` (so T stays positive)
     in float64 numpy with a safeguarded Newton method that uses the analytic first and second
     derivatives of the NLL in log T (see :func:`_ts_objective`), starting at T = 1. If it fails
