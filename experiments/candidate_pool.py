@@ -47,7 +47,7 @@ from glass_variants import target  # noqa: E402
 from lungcal.candidates.detector import Candidates, LoGBlobDetector, MaskMemo  # noqa: E402
 from lungcal.candidates.lesions import LesionDetector  # noqa: E402
 from lungcal.candidates.sensitivity import lesion_ranks  # noqa: E402
-from lungcal.engine.evaluate.lesion_bed import PRESETS  # noqa: E402
+from lungcal.ctapp.evaluate.lesion_bed import PRESETS  # noqa: E402
 
 #: peaks kept per channel and scan (best first), before any suppression
 N_PEAKS = {"S": 20000, "G": 5000}
