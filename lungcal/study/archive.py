@@ -48,7 +48,8 @@ from lungcal.tracking.names import (
 
 __all__ = ["Archive", "archive_run", "load_archive", "recompute", "check_archive", "archive_name"]
 
-#: a recomputed metric matches the logged one within this (the tables print ECE and accuracy to 0.01 %, 1e-4)
+#: a recomputed metric matches the logged one within this (far below the 1e-4 the tables print: ECE and accuracy
+#: to 0.01 %)
 TOLERANCE = 1e-6
 #: the logged metrics :func:`check_archive` compares (their CIs too)
 CHECKED = ("acc", "auc", "ece", "mce", "brier", "nll", "mean_confidence")
