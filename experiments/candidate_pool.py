@@ -38,6 +38,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+from scipy import ndimage
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -265,6 +266,7 @@ def mask_shares(cache: Path, rows_csv: Path, rule: str = "overlap", k: int = 16)
         sp = np.linalg.norm(aff[:3, :3], axis=0)
         inner, _ = solid._masks(lung, sp)
         inv = np.linalg.inv(aff[:3, :3])
+        grad = np.gradient(ndimage.gaussian_filter(lung.astype(np.float32), 6.0 / sp), *sp)  # 6 mm: the pleura's way
         for x, t, c, rad in zip(rows, keep, m["centres"], m["radii"]):
             if not t:
                 continue
@@ -277,15 +279,27 @@ def mask_shares(cache: Path, rows_csv: Path, rule: str = "overlap", k: int = 16)
             out.append({"scan": m["file"], "kind": x["kind"], "place": x["place"], "diameter_mm": x["diameter_mm"],
                         "in_bag": 0 < int(x["bag_rank"]) <= k, "raw_on_S": int(x["raw_on_S"]),
                         "raw_on_G": int(x["raw_on_G"]), "share_lung": round(float(lung[pts].mean()), 3),
-                        "share_closed": round(float(inner[pts].mean()), 3), "centre_in_closed": bool(inner[cv])})
+                        "share_closed": round(float(inner[pts].mean()), 3), "centre_in_closed": bool(inner[cv]),
+                        "pleura_z": _facing_z(grad, cv)})
     return out
+
+
+def _facing_z(grad: list[np.ndarray], v: tuple[int, ...]) -> float:
+    """How far the lung surface nearest ``v`` faces up or down: ``|n_z|`` of the unit normal of the smoothed lung
+    mask at ``v`` (1: the pleura is the apex's or the diaphragm's, seen only in coronal and sagittal slices; 0:
+    it faces sideways, a notch in the axial slice); NaN deep in the lung, where the smoothed mask is flat."""
+    g = np.array([float(a[v]) for a in grad])
+    n = float(np.linalg.norm(g))
+    return round(abs(g[2]) / n, 2) if n > 1e-3 else float("nan")
 
 
 def misses_table(rows: list[dict]) -> str:
     """Per kind at the targets' sizes: the misses, how many have their centre outside the closed mask, the median
-    share of their sphere in the lung mask (against the found ones'), and how many have no peak before suppression."""
+    share of their sphere in the lung mask (against the found ones'), how many have no peak before suppression,
+    and the share whose nearest pleura faces up or down (the apex, the diaphragm; ``pleura_z`` >= 0.7)."""
     lines = ["| kind (target) | in the bag | misses | centre outside the closed mask | median share in the lung mask: "
-             "misses / in the bag | misses with no peak on them in S / in G / in either |", "|---|---|---|---|---|---|"]
+             "misses / in the bag | misses with no peak on them in S / in G / in either | pleura facing up or down: "
+             "misses / in the bag |", "|---|---|---|---|---|---|---|"]
     for kind in sorted({x["kind"] for x in rows}):
         t = [x for x in rows if x["kind"] == kind]
         miss = [x for x in t if not x["in_bag"]]
@@ -293,11 +307,14 @@ def misses_table(rows: list[dict]) -> str:
 
         def med(xs: list[dict]) -> str:
             return f"{np.median([x['share_lung'] for x in xs]):.2f}" if xs else "-"
+
+        def up(xs: list[dict]) -> str:
+            return f"{sum(float(x['pleura_z']) >= 0.7 for x in xs)}/{len(xs)}"
         outside = sum(not x["centre_in_closed"] for x in miss)
         lines.append(f"| {kind} | {len(found)}/{len(t)} | {len(miss)} | {outside} | "
                      f"{med(miss)} / {med(found)} | {sum(x['raw_on_S'] == 0 for x in miss)} / "
                      f"{sum(x['raw_on_G'] == 0 for x in miss)} / "
-                     f"{sum(x['raw_on_S'] == 0 and x['raw_on_G'] == 0 for x in miss)} |")
+                     f"{sum(x['raw_on_S'] == 0 and x['raw_on_G'] == 0 for x in miss)} | {up(miss)} / {up(found)} |")
     return "\n".join(lines)
 
 

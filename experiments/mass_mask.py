@@ -3,7 +3,8 @@
 Lesions are inserted into the real CTs of ``../shared/data/ct``
 (:mod:`lungcal.data.synthetic.insertion`): masses of 30-70 mm against the costal pleura and
 against the mediastinum, and solid nodules at the pleura. They are planned once, on the mask
-*before* the change (:class:`~lungcal.ct.masking.LungMasker` with ``mass_chord_mm=0``), so that both
+*before* the change (:class:`~lungcal.ct.masking.LungMasker` with ``mass_chord_mm=0`` and
+``lesion_closing_sideways_mm=0``: no step 5, the rolling ball in the axial slices only), so that both
 maskers see the same lesions. Each inserted scan goes through the pipeline's preprocessing (2.5 mm,
 the bag's crop) with each masker, and the share of each lesion's sphere inside the preprocessed
 lung mask is measured as the lesion bed measures it (``mask_share``). ``ceiling`` is the share
@@ -46,7 +47,9 @@ from lungcal.errors import LungcalError
 CASES = ("LIDC-IDRI-0001", "LIDC-IDRI-0314", "NSCLC-Radiomics-LUNG1-002")
 CELLS = {("mass", "pleura"): 7, ("mass", "mediastinum"): 7, ("solid", "pleura"): 8, ("solid", "mediastinum"): 4}
 SPACING = 2.5  # the default preset's voxels
-MASKERS = {"before": LungMasker(mass_chord_mm=0), "after": LungMasker()}
+#: before: without step 5 and with the rolling ball in the axial slices only (the masker the lesions are placed on,
+#: as the lesion bed's ``PLANNING_MASKER`` does); after: as shipped
+MASKERS = {"before": LungMasker(mass_chord_mm=0, lesion_closing_sideways_mm=0.0), "after": LungMasker()}
 
 
 def _preprocessed_mask(hu: np.ndarray, affine: np.ndarray, masker: LungMasker) -> tuple[np.ndarray, np.ndarray]:

@@ -34,7 +34,12 @@ is printed too), the peak RSS growth over the post-import RSS as a multiple of t
 and both as ratios to the default path. Goals (issue 17): fullres <= 15 s per CT on 2 cores, peak
 RSS growth <= 4x the float32 volume.
 
-Usage: ``python scripts/bench_ct.py [--workdir DIR] [--repeat 2] [--threads 2] [--stages io,path]
+Stage ``mask``: the lung masker alone (:class:`lungcal.ct.masking.LungMasker`, on the loaded HU volume, in this
+process) as shipped and with its rolling ball in the axial slices only (``lesion_closing_sideways_mm=0``, the
+default before 2026-12-08: the baseline), on the test volume and on a 128x128x96 phantom at 2.5 mm (the demo
+cohort's CTs, which the first run masks a thousand of). Printed: seconds (best of ``--repeat``) and the ratio.
+
+Usage: ``python scripts/bench_ct.py [--workdir DIR] [--repeat 2] [--threads 2] [--stages io,path,mask]
 [--formats dicom,nifti] [--image CT]`` (``--image``: the path stage on that CT instead of the phantom)
 """
 from __future__ import annotations
@@ -57,6 +62,7 @@ from lungcal.candidates.bags import extract_bag
 from lungcal.candidates.cache import BagParams
 from lungcal.candidates.lesions import SOLID_PYRAMID_SIGMA_VOX, SOLID_RADII_MM
 from lungcal.ct.io import load_ct
+from lungcal.ct.masking import LungMasker
 from lungcal.ct.transforms import build_preprocess, preprocess_ct
 from lungcal.data.synthetic import (
     Nodule,
@@ -197,12 +203,36 @@ def _make_inputs(workdir: Path, formats: tuple[str, ...] = ("dicom", "nifti"), s
     return {f: str(paths[f]) for f in formats}
 
 
+def _bench_mask(inputs: dict[str, str], repeat: int) -> None:
+    """Stage ``mask`` (module docstring)."""
+    vols = {"demo phantom": (make_phantom(np.random.default_rng(5), (128, 128, 96), (2.5, 2.5, 2.5), (),
+                                          ScannerProfile(noise_hu=15))[0], np.array([2.5, 2.5, 2.5]))}
+    for name, path in inputs.items():
+        img = load_ct(path)
+        vols[name] = (np.asarray(img[0]), np.linalg.norm(np.asarray(img.affine, np.float64)[:3, :3], axis=0))
+        break  # one format is enough: the masker sees the same volume
+    print(f"\n{'volume':<14} {'grid':>16} {'axial only s':>12} {'shipped s':>10} {'x axial':>8}")
+    for name, (hu, sp) in vols.items():
+        secs = {}
+        for label, masker in (("axial", LungMasker(lesion_closing_sideways_mm=0.0)), ("shipped", LungMasker())):
+            masker(hu, sp)  # warm-up
+            times = []
+            for _ in range(max(repeat, 1)):
+                t = time.perf_counter()
+                masker(hu, sp)
+                times.append(time.perf_counter() - t)
+            secs[label] = min(times)
+        print(f"{name:<14} {str(hu.shape):>16} {secs['axial']:12.3f} {secs['shipped']:10.3f} "
+              f"{secs['shipped'] / secs['axial']:8.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default=None, help="where the test volume is written (default: a temp dir)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--stages", default="io,path", help="io (load and preprocess vs SimpleITK), path (the bag path)")
+    ap.add_argument("--stages", default="io,path", help="io (load and preprocess vs SimpleITK), path (the bag path), "
+                    "mask (the lung masker alone)")
     ap.add_argument("--formats", default="dicom,nifti")
     ap.add_argument("--image", default=None, help="both stages on this CT (a file or DICOM folder), not the phantom")
     ap.add_argument("--shape", default=",".join(map(str, SHAPE)), help="the phantom's voxels X,Y,Z")
@@ -236,6 +266,8 @@ def main(argv=None) -> int:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     print(f"\nfloat32 volume: {vol_mb:.0f} MiB; threads={args.threads}; best of {args.repeat}")
+    if "mask" in stages:
+        _bench_mask(inputs, args.repeat)
     if "io" in stages:
         results = {(fmt, task): run(task, fmt, path) for fmt, path in inputs.items()
                    for task in ("sitk", "preprocess", "preprocess_1mm")}

@@ -26,7 +26,13 @@ The steps, vectorised with ``scipy.ndimage`` on a copy sub-sampled to about ``ma
    so the mediastinum between them is never bridged) gets a per-slice closing with a disk of
    ``lesion_closing_mm``: the rolling ball of classic lung CAD (Armato et al. 1999), which takes
    back nodules and masses attached to the pleura or the hilum (a notch narrower than twice the
-   radius). 0 turns it off.
+   radius). 0 turns it off. An axial slice shows a lesion as a notch only where the pleura faces
+   sideways; where it faces up or down (the apex, the diaphragm) or turns a corner (the
+   costovertebral gutter, the heart's border on the diaphragm) the lesion fills the lung's whole
+   cross-section in the slices through it, and no disk takes it back. So, after step 5, the same
+   closing runs in the coronal and the sagittal slices with a disk of ``lesion_closing_sideways_mm``
+   (the union of the three; step 5's mass cores are counted against the axial closing alone, so
+   the sideways one only adds).
 5. **Masses against the chest wall or the mediastinum in.** A mass of 3-7 cm bulging into the lung
    leaves a pit far wider than the closing's disk, and its base on the chest wall is a wide flat
    mouth that no disk closes. What marks it is that the lung lies around it: along most lines
@@ -156,15 +162,26 @@ def _closing_2d(mask: np.ndarray, radius_mm: float, spacing: np.ndarray) -> np.n
     """Per-slice closing with a disk of ``radius_mm``, exact in mm, by two Euclidean distance
     transforms of each axial slice. A slice without lung stays empty and one the growth fills whole
     comes out full, as a 3D transform whose z sampling keeps every distance inside its slice gives
-    (that form, one transform of the volume, takes twice as long: it also runs the z pass)."""
+    (that form, one transform of the volume, takes twice as long: it also runs the z pass).
+
+    Each slice is transformed on its lung's box padded by more than the radius (clipped to the slice):
+    the padding's outer ring is farther than the radius from the lung, so it is background for the
+    second transform, and no pixel of the box is nearer to a background pixel outside it than to one on
+    that ring; the result is the whole slice's, bit for bit (tested), at the cost of the box."""
     samp = (float(spacing[0]), float(spacing[1]))
+    pad = [int(math.ceil(radius_mm / s)) + 1 for s in samp]
     out = np.zeros(mask.shape, bool)
-    for z in range(mask.shape[2]):
-        m = mask[:, :, z]
-        if not m.any():
-            continue
+    rows, cols = mask.any(axis=1), mask.any(axis=0)  # (X, Z), (Y, Z): where each slice has lung
+    for z in np.flatnonzero(rows.any(axis=0)):
+        xs, ys = np.flatnonzero(rows[:, z]), np.flatnonzero(cols[:, z])
+        x0, x1 = max(int(xs[0]) - pad[0], 0), min(int(xs[-1]) + 1 + pad[0], mask.shape[0])
+        y0, y1 = max(int(ys[0]) - pad[1], 0), min(int(ys[-1]) + 1 + pad[1], mask.shape[1])
+        m = mask[x0:x1, y0:y1, z]
         grown = ndi.distance_transform_edt(~m, sampling=samp) <= radius_mm
-        out[:, :, z] = True if grown.all() else ndi.distance_transform_edt(grown, sampling=samp) > radius_mm
+        if grown.all():  # only where the box is the whole slice: its padding's ring is never grown
+            out[:, :, z] = True
+        else:
+            out[x0:x1, y0:y1, z] = ndi.distance_transform_edt(grown, sampling=samp) > radius_mm
     return out
 
 
@@ -236,8 +253,13 @@ class LungMasker:
         padding_below: values below this are padding outside the reconstruction (HU).
         mask_voxel_mm: the mask is computed on a grid sub-sampled to about this voxel size.
         closing_mm: radius of the 3D closing (mm): vessels and small bumps at the lung surface.
-        lesion_closing_mm: radius of the per-slice, per-lung closing (mm) that takes back lesions
-            attached to the pleura or hilum; 0 turns it off.
+        lesion_closing_mm: radius of the per-slice, per-lung closing (mm) in the axial slices that
+            takes back lesions attached to the pleura or hilum; 0 turns the whole closing off (the
+            sideways one too).
+        lesion_closing_sideways_mm: the radius of the same closing in the coronal and the sagittal
+            slices (their union with the axial one), so that a lesion on a part of the pleura that
+            faces up or down (the apex, the diaphragm, the corners where the pleura turns), which no
+            axial slice shows as a notch, is taken back as well; 0 turns it off.
         second_ratio: the second largest air component is a lung when at least this fraction of
             the largest.
         airway_cut_mm: radius of the erosion that cuts the bronchi between trachea and lungs
@@ -258,6 +280,7 @@ class LungMasker:
     mask_voxel_mm: float = 3.0
     closing_mm: float = 6.0
     lesion_closing_mm: float = 20.0
+    lesion_closing_sideways_mm: float = 20.0
     second_ratio: float = 0.15
     airway_cut_mm: float = 5.0
     mass_chord_mm: float = 80.0
@@ -339,7 +362,8 @@ class LungMasker:
     def _close(self, mask: np.ndarray, cs: np.ndarray) -> np.ndarray:
         """Steps 4-5 on the lung box (padded by the closing radii) only."""
         rad = self.closing_mm / cs
-        reach = max(self.closing_mm, self.lesion_closing_mm)  # step 5 adds only voxels between lung voxels
+        # step 5 adds only voxels between lung voxels
+        reach = max(self.closing_mm, self.lesion_closing_mm, self.lesion_closing_sideways_mm)
         pad = np.ceil(reach / cs).astype(int) + 1
         nz = [np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != ax))) for ax in range(3)]
         lo = [int(v[0]) for v in nz]
@@ -350,9 +374,13 @@ class LungMasker:
         sub = fill_holes_2d(sub)  # vessels entering at the hilum are not closed cavities in 3D
         if (rad >= 1).any():
             sub = ndi.binary_closing(sub, structure=ball(rad))
-        closed = sub | self._lesion_closing(sub, cs) if self.lesion_closing_mm > 0 else sub
-        if self.mass_chord_mm > 0:
+        closed = sub
+        if self.lesion_closing_mm > 0:
+            closed = sub | self._lesion_closing(sub, cs, {2: self.lesion_closing_mm})
+        if self.mass_chord_mm > 0:  # mass cores are what the axial closing left out
             closed = closed | self._masses(sub, closed, cs)
+        if self.lesion_closing_mm > 0 and self.lesion_closing_sideways_mm > 0:
+            closed |= self._sideways(sub, cs)
         sub = closed
         out = np.zeros(mask.shape, bool)
         out[box] = sub[tuple(slice(p, p + b - a) for p, a, b in zip(pad, lo, hi))]
@@ -402,26 +430,41 @@ class LungMasker:
         reached = np.unique(enclosed[core])
         return core | (near & np.isin(enclosed, reached[reached > 0]))
 
-    def _lesion_closing(self, lungs: np.ndarray, cs: np.ndarray) -> np.ndarray:
-        """Per-slice closing of each lung separately (split halfway across the lungs' x extent),
-        each on its own box padded by the radius."""
-        pad = np.ceil(self.lesion_closing_mm / cs[:2]).astype(int) + 1
+    def _sideways(self, lungs: np.ndarray, cs: np.ndarray) -> np.ndarray:
+        """Step 4's closing in the coronal and sagittal slices (on the mask's own grid: on a grid twice as
+        coarse, which costs a fifth, the solid CPM on phantoms fell from 0.895 to 0.847)."""
+        r = self.lesion_closing_sideways_mm
+        return self._lesion_closing(lungs, cs, {1: r, 0: r}) & ~lungs
+
+    def _lesion_closing(self, lungs: np.ndarray, cs: np.ndarray, radii: dict[int, float]) -> np.ndarray:
+        """Per-slice closing of each lung separately (split halfway across the lungs' x extent), each on
+        its own box padded by the radius; ``radii``: the slicing axis (2 axial, 1 coronal, 0 sagittal) ->
+        the disk's radius (mm). The union over the slicing axes."""
+        radii = {a: float(r) for a, r in radii.items() if r > 0}
+        pad = np.ceil(max(radii.values()) / cs).astype(int) + 1
         out = np.zeros_like(lungs)
         for x0, x1 in self._halves(lungs):
             half = lungs[x0:x1]
             if not half.any():
                 continue
-            xi = np.flatnonzero(half.any(axis=(1, 2)))
-            yi = np.flatnonzero(half.any(axis=(0, 2)))
-            zi = np.flatnonzero(half.any(axis=(0, 1)))
-            lo = (xi[0], yi[0], zi[0])
-            sub = np.pad(half[xi[0]:xi[-1] + 1, yi[0]:yi[-1] + 1, zi[0]:zi[-1] + 1],
-                         [(pad[0], pad[0]), (pad[1], pad[1]), (0, 0)])
-            closed = _closing_2d(sub, self.lesion_closing_mm, cs)
-            # back onto the half's grid, clipped to the half (never across the midline)
-            gx0, gy0 = x0 + lo[0] - pad[0], lo[1] - pad[1]
-            sx = slice(max(gx0, x0), min(gx0 + closed.shape[0], x1))
-            sy = slice(max(gy0, 0), min(gy0 + closed.shape[1], lungs.shape[1]))
-            sz = slice(lo[2], lo[2] + closed.shape[2])
-            out[sx, sy, sz] |= closed[sx.start - gx0: sx.stop - gx0, sy.start - gy0: sy.stop - gy0]
+            idx = [np.flatnonzero(half.any(axis=tuple(b for b in range(3) if b != a))) for a in range(3)]
+            lo = np.array([int(v[0]) for v in idx])
+            hi = np.array([int(v[-1]) + 1 for v in idx])
+            # padded in the axes some slice's plane spans: the closing reaches that far past the lung
+            span = [any(a != s for s in radii) for a in range(3)]
+            p = np.where(span, pad, 0)
+            sub = np.pad(half[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], [(int(v), int(v)) for v in p])
+            closed = np.zeros_like(sub)
+            for s, r in radii.items():  # the slicing axis last: _closing_2d closes every plane across it
+                moved = np.moveaxis(sub, s, 2)
+                sp = np.r_[np.delete(cs, s), cs[s]]
+                closed |= np.moveaxis(_closing_2d(moved, r, sp), 2, s)
+            # back onto the half's grid, clipped to the half (never across the midline) and the array
+            g0 = np.array([x0, 0, 0]) + lo - p
+            lim_lo = np.array([x0, 0, 0])
+            lim_hi = np.array([x1, lungs.shape[1], lungs.shape[2]])
+            a = np.maximum(g0, lim_lo)
+            b = np.minimum(g0 + np.array(closed.shape), lim_hi)
+            out[a[0]:b[0], a[1]:b[1], a[2]:b[2]] |= closed[a[0] - g0[0]:b[0] - g0[0], a[1] - g0[1]:b[1] - g0[1],
+                                                           a[2] - g0[2]:b[2] - g0[2]]
         return out

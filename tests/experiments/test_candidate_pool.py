@@ -3,6 +3,7 @@ candidates; the rules differ where a weaker peak touches a better one; the inter
 from __future__ import annotations
 
 import numpy as np
+from scipy import ndimage
 
 from lungcal.candidates.detector import Candidates, LoGBlobDetector
 from lungcal.candidates.lesions import LesionDetector, interleave
@@ -58,3 +59,17 @@ def test_on_rank_finds_a_peak_within_the_radius_or_5_mm():
     c = Candidates(np.zeros((3, 3), int), np.array([[30.0, 0, 0], [0, 0, 4.0], [0, 0, 0.5]]), np.ones(3), np.ones(3))
     ranks = cp.on_rank(np.array([[0.0, 0, 0], [100.0, 0, 0]]), np.array([2.0, 2.0]), c)
     assert ranks.tolist() == [2, 0]
+
+
+def test_facing_z_tells_a_floor_from_a_wall():
+    """``pleura_z``: 1 where the lung's surface faces up or down (a floor), 0 where it faces sideways (a wall),
+    NaN deep inside, where the smoothed mask is flat."""
+    cp = load_script("candidate_pool")
+    lung = np.zeros((40, 40, 40), bool)
+    lung[:, :, 20:] = True  # the lung above z 20: its floor faces down
+    grad = np.gradient(ndimage.gaussian_filter(lung.astype(np.float32), 6.0 / SP), *SP)
+    assert cp._facing_z(grad, (20, 20, 20)) > 0.95
+    wall = np.moveaxis(lung, 2, 0)  # the same surface facing along x
+    grad = np.gradient(ndimage.gaussian_filter(wall.astype(np.float32), 6.0 / SP), *SP)
+    assert cp._facing_z(grad, (20, 20, 20)) < 0.05
+    assert np.isnan(cp._facing_z(grad, (39, 20, 20)))

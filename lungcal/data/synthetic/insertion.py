@@ -35,7 +35,8 @@ floor 0.4 mm) across the slice, and of the slice profile along it (FWHM = the sl
   (``PSF * (share * max(0, L - b))``): against the chest wall or the mediastinum it merges with them
   and never darkens a rib.
 
-**Where** (:func:`choose_centre`), on the scan's lung mask (:class:`lungcal.ct.masking.LungMasker`):
+**Where** (:func:`choose_centre`), on the scan's lung mask (:data:`PLANNING_MASKER`, fixed whatever the
+default masker is):
 
 - ``free``: deep in the lung, at least the radius plus 5 mm from the pleura and from vessels;
 - ``pleura``: against the chest wall: the centre ``0.7 r`` inside the costal pleura (anterior,
@@ -70,8 +71,13 @@ from lungcal.ct.acquisition import acquisition_stats
 from lungcal.ct.io import load_ct
 from lungcal.ct.masking import LungMasker, fill_holes_2d
 
+#: the lung mask lesions are placed on: the built-in masker with its per-slice closing in the axial slices
+#: only (its default before 2026-12-08). Fixed, so that a change of the default masker, which the lesion bed
+#: measures, does not move the lesions it is measured on (the draws behind docs/results stay as they were).
+PLANNING_MASKER = LungMasker(lesion_closing_sideways_mm=0.0)
+
 __all__ = ["KINDS", "PLACES", "Background", "InsertedLesion", "choose_centre", "draw_lesion", "insert_lesions",
-           "lesion_delta", "load_background", "plan_lesions", "read_truth", "write_lesion_bed"]
+           "lesion_delta", "load_background", "PLANNING_MASKER", "plan_lesions", "read_truth", "write_lesion_bed"]
 
 KINDS = ("solid", "part-solid", "ground-glass", "mass")
 PLACES = ("free", "pleura", "mediastinum", "vessel")
@@ -157,7 +163,7 @@ def load_background(path: str | Path, name: str | None = None,
     affine = np.asarray(img.affine.detach().cpu().numpy() if hasattr(img.affine, "detach") else img.affine,
                         np.float64)
     spacing = np.linalg.norm(affine[:3, :3], axis=0)
-    lung = np.asarray(LungMasker()(hu, spacing), bool)
+    lung = np.asarray(PLANNING_MASKER(hu, spacing), bool)
     psf, noise = _psf_and_noise(hu, spacing)
     return Background(name or Path(path).name, hu, affine, lung, psf,
                       [(np.asarray(c, np.float64), float(r)) for c, r in exclude], getattr(img, "meta", None),
