@@ -37,7 +37,7 @@ ungated and ``SG`` gated at 0.12 both kept 15 of 20 ground-glass nodules of 10 m
 HU or denser (``SG`` ungated 16), so the pattern, which needs no absolute score, was chosen.
 
 Measured on the lesion test bed (lesions inserted into the real CTs of ``../shared``,
-:mod:`lungcal.engine.evaluate.lesion_bed`; ``lungcal lesion-bed``): ``docs/results.md``.
+:mod:`lungcal.ctapp.evaluate.lesion_bed`; ``lungcal lesion-bed``): ``docs/results.md``.
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ few mm of the outer body boundary) is the estimate. ``T`` is the median HU 4-8 m
 Every number comes from at most ``max_slices`` evenly spaced axial slices (8 by default), so a
 512 x 512 x 300 CT costs a fraction of a second once it is loaded; the series checks
 (:func:`lungcal.ct.qc.check_series`) compute it on the volume they have already read, and the
-cached series-check report carries it (:mod:`lungcal.engine.data.series_qc`). A number that cannot
+cached series-check report carries it (:mod:`lungcal.ctapp.data.series_qc`). A number that cannot
 be measured (no air in the field of view, no soft tissue, no skin edge) is NaN.
 
 Padding outside the reconstruction circle (below -1500 HU, e.g. -2048 or -3024) is neither air nor

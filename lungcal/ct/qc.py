@@ -33,7 +33,7 @@ percent.
 Beside the checks, the report carries the CT's acquisition statistics
 (:class:`~lungcal.ct.acquisition.AcquisitionStats`: slice thickness, pixel size, HU of air, noise,
 edge width), measured on the volume already read, so that a site check compares them at no extra
-read (:mod:`lungcal.engine.data.series_qc` caches them with the report).
+read (:mod:`lungcal.ctapp.data.series_qc` caches them with the report).
 
 Arrays are ``(X, Y, Z)`` in RAS, as :func:`lungcal.ct.io.load_ct` returns them: the last slice is
 the top (superior), x grows towards the patient's right, y towards the front.
