@@ -3,7 +3,7 @@
 
 Stored runs (checkpoints, ``config/resolved.json``, MLflow params, bundles copied elsewhere) name classes by the
 old paths, so an old path must give the very same module and class; and nothing in the project may still use
-the old names but the aliases themselves (and the three modules whose bytes key caches, named below)."""
+the old names but the aliases themselves."""
 from __future__ import annotations
 
 import importlib
