@@ -171,7 +171,7 @@ def _closing_2d(mask: np.ndarray, radius_mm: float, spacing: np.ndarray) -> np.n
     samp = (float(spacing[0]), float(spacing[1]))
     pad = [int(math.ceil(radius_mm / s)) + 1 for s in samp]
     out = np.zeros(mask.shape, bool)
-    rows, cols = mask.any(axis=1), mask.any(axis=0)  # (X, Z), (Y, Z): where each slice has lung
+    rows, cols = np.asarray(mask.any(axis=1)), np.asarray(mask.any(axis=0))  # (X, Z), (Y, Z): lung in each slice
     for z in np.flatnonzero(rows.any(axis=0)):
         xs, ys = np.flatnonzero(rows[:, z]), np.flatnonzero(cols[:, z])
         x0, x1 = max(int(xs[0]) - pad[0], 0), min(int(xs[-1]) + 1 + pad[0], mask.shape[0])
