@@ -296,10 +296,11 @@ def _facing_z(grad: list[np.ndarray], v: tuple[int, ...]) -> float:
 def misses_table(rows: list[dict]) -> str:
     """Per kind at the targets' sizes: the misses, how many have their centre outside the closed mask, the median
     share of their sphere in the lung mask (against the found ones'), how many have no peak before suppression,
-    and the share whose nearest pleura faces up or down (the apex, the diaphragm; ``pleura_z`` >= 0.7)."""
+    and, of those against the pleura or the mediastinum, the median ``pleura_z`` and how many have their nearest pleura
+    facing up or down more than sideways (the apex, the diaphragm, the corners; ``pleura_z`` >= 0.5)."""
     lines = ["| kind (target) | in the bag | misses | centre outside the closed mask | median share in the lung mask: "
-             "misses / in the bag | misses with no peak on them in S / in G / in either | pleura facing up or down: "
-             "misses / in the bag |", "|---|---|---|---|---|---|---|"]
+             "misses / in the bag | misses with no peak on them in S / in G / in either | at the pleura or "
+             "mediastinum: median pleura_z, n >= 0.5 of n: misses / in the bag |", "|---|---|---|---|---|---|---|"]
     for kind in sorted({x["kind"] for x in rows}):
         t = [x for x in rows if x["kind"] == kind]
         miss = [x for x in t if not x["in_bag"]]
@@ -309,7 +310,9 @@ def misses_table(rows: list[dict]) -> str:
             return f"{np.median([x['share_lung'] for x in xs]):.2f}" if xs else "-"
 
         def up(xs: list[dict]) -> str:
-            return f"{sum(float(x['pleura_z']) >= 0.7 for x in xs)}/{len(xs)}"
+            z = np.array([float(x["pleura_z"]) for x in xs if x["place"] in ("pleura", "mediastinum")])
+            z = z[np.isfinite(z)]
+            return f"{np.median(z):.2f}, {int((z >= 0.5).sum())} of {len(z)}" if len(z) else "-"
         outside = sum(not x["centre_in_closed"] for x in miss)
         lines.append(f"| {kind} | {len(found)}/{len(t)} | {len(miss)} | {outside} | "
                      f"{med(miss)} / {med(found)} | {sum(x['raw_on_S'] == 0 for x in miss)} / "
